@@ -6,3 +6,5 @@
 
 pub mod error;
 pub mod kv;
+pub mod model;
+pub mod runner;

@@ -31,7 +31,8 @@ impl Distribution {
     /// Returns `None` when no weight is positive.
     pub fn from_weights(weights: impl IntoIterator<Item = (u32, f32)>) -> Option<Self> {
         let mut dist = Self::default();
-        dist.entries.extend(weights.into_iter().filter(|&(_, w)| w > 0.0));
+        dist.entries
+            .extend(weights.into_iter().filter(|&(_, w)| w > 0.0));
         dist.finish_entries();
         (!dist.entries.is_empty()).then_some(dist)
     }
@@ -73,7 +74,10 @@ impl Distribution {
     /// Draws a token. A greedy distribution returns its token without touching `rng`, so a
     /// greedy sequence consumes no randomness. Panics on an empty (default) distribution.
     pub fn sample(&self, rng: &mut impl Rng) -> u32 {
-        assert!(!self.entries.is_empty(), "sampling from an empty distribution");
+        assert!(
+            !self.entries.is_empty(),
+            "sampling from an empty distribution"
+        );
         if self.greedy {
             return self.entries[0].0;
         }
@@ -96,7 +100,9 @@ impl Distribution {
         let mut q_iter = q.entries.iter().peekable();
         for &(id, p) in &self.entries {
             while q_iter.next_if(|&&(qid, _)| qid < id).is_some() {}
-            let q_prob = q_iter.next_if(|&&(qid, _)| qid == id).map_or(0.0, |&(_, q)| q);
+            let q_prob = q_iter
+                .next_if(|&&(qid, _)| qid == id)
+                .map_or(0.0, |&(_, q)| q);
             if p > q_prob {
                 out.entries.push((id, p - q_prob));
             }
@@ -172,7 +178,10 @@ mod tests {
         let q = Distribution::from_weights([(0, 0.7), (2, 0.1), (3, 0.2)]).unwrap();
         let r = p.residual(&q).unwrap();
         // (p − q)+ = {1: 0.3, 2: 0.1} → normalised {1: 0.75, 2: 0.25}
-        assert_eq!(r.entries().iter().map(|e| e.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            r.entries().iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
         assert!(approx(r.prob(1), 0.75) && approx(r.prob(2), 0.25));
         assert_eq!(p.residual(&p), None);
     }
@@ -184,6 +193,9 @@ mod tests {
         let n = 100_000;
         let ones = (0..n).filter(|_| dist.sample(&mut rng) == 1).count();
         // binomial sd = sqrt(n·0.75·0.25) ≈ 137; allow 6 sd
-        assert!((ones as f64 - 0.75 * n as f64).abs() < 6.0 * 137.0, "{ones}");
+        assert!(
+            (ones as f64 - 0.75 * n as f64).abs() < 6.0 * 137.0,
+            "{ones}"
+        );
     }
 }

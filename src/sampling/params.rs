@@ -124,13 +124,25 @@ impl SamplingParams {
             return Err(out_of_range("top_k", ">= 0 (0 = off)", self.top_k));
         }
         check("top_p", self.top_p, "in (0, 1]", |v| v > 0.0 && v <= 1.0)?;
-        check("min_p", self.min_p, "in [0, 1]", |v| (0.0..=1.0).contains(&v))?;
+        check("min_p", self.min_p, "in [0, 1]", |v| {
+            (0.0..=1.0).contains(&v)
+        })?;
         check("repetition_penalty", self.repetition_penalty, "> 0", |v| {
             v > 0.0 && v.is_finite()
         })?;
         let penalty_range = |v: f32| (-2.0..=2.0).contains(&v);
-        check("presence_penalty", self.presence_penalty, "in -2..=2", penalty_range)?;
-        check("frequency_penalty", self.frequency_penalty, "in -2..=2", penalty_range)?;
+        check(
+            "presence_penalty",
+            self.presence_penalty,
+            "in -2..=2",
+            penalty_range,
+        )?;
+        check(
+            "frequency_penalty",
+            self.frequency_penalty,
+            "in -2..=2",
+            penalty_range,
+        )?;
         for &bias in self.logit_bias.values() {
             check("logit_bias", bias, "in -100..=100", |v| {
                 (-100.0..=100.0).contains(&v)
@@ -211,21 +223,103 @@ mod tests {
     fn each_out_of_range_value_names_its_field() {
         let base = SamplingParams::default;
         let cases: Vec<(SamplingParams, &str)> = vec![
-            (SamplingParams { temperature: 2.5, ..base() }, "temperature"),
-            (SamplingParams { temperature: -0.1, ..base() }, "temperature"),
-            (SamplingParams { temperature: f32::NAN, ..base() }, "temperature"),
-            (SamplingParams { top_k: -1, ..base() }, "top_k"),
-            (SamplingParams { top_p: 0.0, ..base() }, "top_p"),
-            (SamplingParams { top_p: 1.01, ..base() }, "top_p"),
-            (SamplingParams { min_p: -0.5, ..base() }, "min_p"),
-            (SamplingParams { min_p: 1.5, ..base() }, "min_p"),
-            (SamplingParams { repetition_penalty: 0.0, ..base() }, "repetition_penalty"),
-            (SamplingParams { presence_penalty: 2.1, ..base() }, "presence_penalty"),
-            (SamplingParams { frequency_penalty: -2.1, ..base() }, "frequency_penalty"),
-            (SamplingParams { top_logprobs: 21, logprobs: true, ..base() }, "top_logprobs"),
-            (SamplingParams { top_logprobs: 3, ..base() }, "top_logprobs"),
             (
-                SamplingParams { logit_bias: BTreeMap::from([(5, 101.0)]), ..base() },
+                SamplingParams {
+                    temperature: 2.5,
+                    ..base()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: -0.1,
+                    ..base()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..base()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_k: -1,
+                    ..base()
+                },
+                "top_k",
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.0,
+                    ..base()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    top_p: 1.01,
+                    ..base()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: -0.5,
+                    ..base()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: 1.5,
+                    ..base()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..base()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: 2.1,
+                    ..base()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: -2.1,
+                    ..base()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    top_logprobs: 21,
+                    logprobs: true,
+                    ..base()
+                },
+                "top_logprobs",
+            ),
+            (
+                SamplingParams {
+                    top_logprobs: 3,
+                    ..base()
+                },
+                "top_logprobs",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: BTreeMap::from([(5, 101.0)]),
+                    ..base()
+                },
                 "logit_bias",
             ),
         ];
@@ -252,9 +346,12 @@ mod tests {
 
     #[test]
     fn error_message_is_precise() {
-        let err = SamplingParams { top_p: 0.0, ..SamplingParams::default() }
-            .validate()
-            .unwrap_err();
+        let err = SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(err.to_string(), "`top_p` must be in (0, 1], got 0");
     }
 
@@ -267,7 +364,10 @@ mod tests {
         assert!(params.validate_for_vocab(11).is_ok());
         assert_eq!(
             params.validate_for_vocab(10),
-            Err(SamplingParamsError::BiasTokenOutOfVocab { token_id: 10, num_vocab: 10 })
+            Err(SamplingParamsError::BiasTokenOutOfVocab {
+                token_id: 10,
+                num_vocab: 10
+            })
         );
     }
 

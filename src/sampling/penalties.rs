@@ -75,7 +75,13 @@ pub(crate) fn apply(
     apply_logit_bias(params, logits);
     if params.repetition_penalty != 1.0 {
         let (prompt, generated) = history.recent(params.repetition_window);
-        apply_repetition_penalty(params.repetition_penalty, prompt, generated, logits, scratch);
+        apply_repetition_penalty(
+            params.repetition_penalty,
+            prompt,
+            generated,
+            logits,
+            scratch,
+        );
     }
     if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
         apply_openai_penalties(params, history.generated, logits, scratch);
@@ -136,7 +142,12 @@ fn apply_openai_penalties(
     if scratch.counts.len() < num_vocab {
         scratch.counts.resize(num_vocab, 0);
     }
-    let tokens = || generated.iter().map(|&t| t as usize).filter(|&t| t < num_vocab);
+    let tokens = || {
+        generated
+            .iter()
+            .map(|&t| t as usize)
+            .filter(|&t| t < num_vocab)
+    };
     for t in tokens() {
         scratch.counts[t] += 1;
     }
@@ -158,22 +169,40 @@ mod tests {
     fn run(params: &SamplingParams, prompt: &[u32], generated: &[u32], logits: &[f32]) -> Vec<f32> {
         let mut out = logits.to_vec();
         let mut scratch = PenaltyScratch::default();
-        apply(params, &TokenHistory::new(prompt, generated), &mut out, &mut scratch);
-        assert!(scratch.counts.iter().all(|&c| c == 0), "counts must be reset");
+        apply(
+            params,
+            &TokenHistory::new(prompt, generated),
+            &mut out,
+            &mut scratch,
+        );
+        assert!(
+            scratch.counts.iter().all(|&c| c == 0),
+            "counts must be reset"
+        );
         assert!(scratch.seen.iter().all(|&w| w == 0), "bits must be reset");
         out
     }
 
     #[test]
     fn presence_penalty_subtracts_once_per_generated_token() {
-        let params = SamplingParams { presence_penalty: 0.5, ..SamplingParams::default() };
+        let params = SamplingParams {
+            presence_penalty: 0.5,
+            ..SamplingParams::default()
+        };
         let out = run(&params, &[0], &[1, 1, 3], &[1.0, 1.0, 1.0, -1.0]);
-        assert_eq!(out, vec![1.0, 0.5, 1.0, -1.5], "prompt token 0 is not penalised");
+        assert_eq!(
+            out,
+            vec![1.0, 0.5, 1.0, -1.5],
+            "prompt token 0 is not penalised"
+        );
     }
 
     #[test]
     fn frequency_penalty_scales_with_count() {
-        let params = SamplingParams { frequency_penalty: 0.25, ..SamplingParams::default() };
+        let params = SamplingParams {
+            frequency_penalty: 0.25,
+            ..SamplingParams::default()
+        };
         let out = run(&params, &[], &[2, 1, 2, 2], &[0.0, 2.0, 2.0]);
         assert_eq!(out, vec![0.0, 1.75, 1.25]);
     }
@@ -191,7 +220,10 @@ mod tests {
 
     #[test]
     fn repetition_penalty_divides_positive_and_multiplies_negative_once() {
-        let params = SamplingParams { repetition_penalty: 2.0, ..SamplingParams::default() };
+        let params = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::default()
+        };
         let out = run(&params, &[0, 1, 1], &[2, 0], &[4.0, -3.0, 0.0, 4.0]);
         assert_eq!(out, vec![2.0, -6.0, 0.0, 4.0]);
     }
@@ -234,8 +266,14 @@ mod tests {
 
     #[test]
     fn has_effect_only_when_something_would_change() {
-        let rep = SamplingParams { repetition_penalty: 1.2, ..SamplingParams::default() };
-        let pres = SamplingParams { presence_penalty: 0.5, ..SamplingParams::default() };
+        let rep = SamplingParams {
+            repetition_penalty: 1.2,
+            ..SamplingParams::default()
+        };
+        let pres = SamplingParams {
+            presence_penalty: 0.5,
+            ..SamplingParams::default()
+        };
         let prompt_only = TokenHistory::new(&[1, 2], &[]);
         assert!(!has_effect(&SamplingParams::default(), &prompt_only));
         assert!(has_effect(&rep, &prompt_only));

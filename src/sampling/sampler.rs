@@ -87,7 +87,15 @@ impl Sampler {
         logits: &[f32],
         history: &TokenHistory,
     ) -> Result<SampleOutput, SamplingError> {
-        let Self { params, rng, adjusted, cands, top, penalty_scratch, .. } = self;
+        let Self {
+            params,
+            rng,
+            adjusted,
+            cands,
+            top,
+            penalty_scratch,
+            ..
+        } = self;
         let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
         let token = if params.is_greedy() {
             select::argmax(logits).ok_or(SamplingError::NoCandidates)?
@@ -120,7 +128,13 @@ impl Sampler {
         history: &TokenHistory,
         out: &mut Distribution,
     ) -> Result<(), SamplingError> {
-        let Self { params, adjusted, cands, penalty_scratch, .. } = self;
+        let Self {
+            params,
+            adjusted,
+            cands,
+            penalty_scratch,
+            ..
+        } = self;
         let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
         if params.is_greedy() {
             out.set_greedy(select::argmax(logits).ok_or(SamplingError::NoCandidates)?);
@@ -152,7 +166,10 @@ fn adjust<'a>(
         return Err(SamplingError::EmptyLogits);
     }
     if let Some((&token_id, _)) = params.logit_bias.range(logits.len() as u32..).next() {
-        return Err(SamplingError::BiasTokenOutOfVocab { token_id, num_vocab: logits.len() });
+        return Err(SamplingError::BiasTokenOutOfVocab {
+            token_id,
+            num_vocab: logits.len(),
+        });
     }
     if !penalties::has_effect(params, history) {
         return Ok(logits);
@@ -170,7 +187,11 @@ fn logprobs(
     token: u32,
     top: &mut Vec<Candidate>,
 ) -> SampleOutput {
-    let mut out = SampleOutput { token, logprob: None, top_logprobs: Vec::new() };
+    let mut out = SampleOutput {
+        token,
+        logprob: None,
+        top_logprobs: Vec::new(),
+    };
     if !params.logprobs {
         return out;
     }
@@ -180,7 +201,8 @@ fn logprobs(
     if params.top_logprobs > 0 {
         select::top_k_into(logits, params.top_logprobs as usize, top);
         top.sort_unstable_by(|a, b| b.value.total_cmp(&a.value).then(a.id.cmp(&b.id)));
-        out.top_logprobs.extend(top.iter().map(|c| (c.id, c.value - log_z)));
+        out.top_logprobs
+            .extend(top.iter().map(|c| (c.id, c.value - log_z)));
     }
     out
 }
@@ -196,14 +218,21 @@ mod tests {
     }
 
     fn seeded(seed: u64) -> SamplingParams {
-        SamplingParams { seed: Some(seed), ..SamplingParams::default() }
+        SamplingParams {
+            seed: Some(seed),
+            ..SamplingParams::default()
+        }
     }
 
     /// A fixed pseudo-random sequence of logit rows.
     fn rows(num_rows: usize, num_vocab: usize) -> Vec<Vec<f32>> {
         let mut rng = ChaCha20Rng::seed_from_u64(99);
         (0..num_rows)
-            .map(|_| (0..num_vocab).map(|_| rng.random_range(-3.0..3.0)).collect())
+            .map(|_| {
+                (0..num_vocab)
+                    .map(|_| rng.random_range(-3.0..3.0))
+                    .collect()
+            })
             .collect()
     }
 
@@ -211,7 +240,10 @@ mod tests {
         let mut s = sampler(params);
         let mut generated = Vec::new();
         for row in rows {
-            let token = s.sample(row, &TokenHistory::new(&[], &generated)).unwrap().token;
+            let token = s
+                .sample(row, &TokenHistory::new(&[], &generated))
+                .unwrap()
+                .token;
             generated.push(token);
         }
         generated
@@ -220,7 +252,11 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_different_seed_different_tokens() {
         let rows = rows(64, 500);
-        let params = |seed| SamplingParams { top_p: 0.95, presence_penalty: 0.3, ..seeded(seed) };
+        let params = |seed| SamplingParams {
+            top_p: 0.95,
+            presence_penalty: 0.3,
+            ..seeded(seed)
+        };
         assert_eq!(run(params(7), &rows), run(params(7), &rows));
         assert_ne!(run(params(7), &rows), run(params(8), &rows));
     }
@@ -233,16 +269,30 @@ mod tests {
         assert_eq!(sampler(seeded(5)).seed(), 5);
         let rows = rows(32, 100);
         let replay = seeded(a.seed());
-        assert_eq!(run(SamplingParams { seed: None, ..replay.clone() }, &rows).len(), 32);
+        assert_eq!(
+            run(
+                SamplingParams {
+                    seed: None,
+                    ..replay.clone()
+                },
+                &rows
+            )
+            .len(),
+            32
+        );
         assert_eq!(run(replay.clone(), &rows), run(replay, &rows));
     }
 
     #[test]
     fn greedy_is_argmax_with_lowest_id_on_ties() {
         let mut s = sampler(SamplingParams::greedy());
-        let out = s.sample(&[0.5, 2.0, 2.0, 1.0], &TokenHistory::EMPTY).unwrap();
+        let out = s
+            .sample(&[0.5, 2.0, 2.0, 1.0], &TokenHistory::EMPTY)
+            .unwrap();
         assert_eq!(out.token, 1);
-        let dist = s.final_distribution(&[0.5, 2.0, 2.0, 1.0], &TokenHistory::EMPTY).unwrap();
+        let dist = s
+            .final_distribution(&[0.5, 2.0, 2.0, 1.0], &TokenHistory::EMPTY)
+            .unwrap();
         assert!(dist.is_greedy());
         assert_eq!(dist.entries(), &[(1, 1.0)]);
     }
@@ -253,32 +303,65 @@ mod tests {
         let banned = BTreeMap::from([(0, -100.0)]);
         let forced = BTreeMap::from([(3, 100.0)]);
         for seed in 0..200 {
-            let mut s = sampler(SamplingParams { temperature: 2.0, logit_bias: banned.clone(), ..seeded(seed) });
+            let mut s = sampler(SamplingParams {
+                temperature: 2.0,
+                logit_bias: banned.clone(),
+                ..seeded(seed)
+            });
             assert_ne!(s.sample(&row, &TokenHistory::EMPTY).unwrap().token, 0);
-            let mut s = sampler(SamplingParams { temperature: 2.0, logit_bias: forced.clone(), ..seeded(seed) });
+            let mut s = sampler(SamplingParams {
+                temperature: 2.0,
+                logit_bias: forced.clone(),
+                ..seeded(seed)
+            });
             assert_eq!(s.sample(&row, &TokenHistory::EMPTY).unwrap().token, 3);
         }
-        let mut greedy = sampler(SamplingParams { logit_bias: banned, ..SamplingParams::greedy() });
+        let mut greedy = sampler(SamplingParams {
+            logit_bias: banned,
+            ..SamplingParams::greedy()
+        });
         assert_eq!(greedy.sample(&row, &TokenHistory::EMPTY).unwrap().token, 1);
-        let dist = sampler(SamplingParams { logit_bias: BTreeMap::from([(0, -100.0)]), ..seeded(1) })
-            .final_distribution(&row, &TokenHistory::EMPTY)
-            .unwrap();
-        assert_eq!(dist.prob(0), 0.0, "a banned token has probability exactly 0");
+        let dist = sampler(SamplingParams {
+            logit_bias: BTreeMap::from([(0, -100.0)]),
+            ..seeded(1)
+        })
+        .final_distribution(&row, &TokenHistory::EMPTY)
+        .unwrap();
+        assert_eq!(
+            dist.prob(0),
+            0.0,
+            "a banned token has probability exactly 0"
+        );
     }
 
     #[test]
     fn banning_everything_is_an_error_not_a_panic() {
         let bias = BTreeMap::from([(0, -100.0), (1, -100.0)]);
         for params in [SamplingParams::greedy(), SamplingParams::default()] {
-            let mut s = sampler(SamplingParams { logit_bias: bias.clone(), ..params });
-            assert_eq!(s.sample(&[1.0, 2.0], &TokenHistory::EMPTY), Err(SamplingError::NoCandidates));
+            let mut s = sampler(SamplingParams {
+                logit_bias: bias.clone(),
+                ..params
+            });
+            assert_eq!(
+                s.sample(&[1.0, 2.0], &TokenHistory::EMPTY),
+                Err(SamplingError::NoCandidates)
+            );
         }
         let mut s = sampler(SamplingParams::default());
-        assert_eq!(s.sample(&[], &TokenHistory::EMPTY), Err(SamplingError::EmptyLogits));
-        let mut s = sampler(SamplingParams { logit_bias: BTreeMap::from([(2, 1.0)]), ..SamplingParams::default() });
+        assert_eq!(
+            s.sample(&[], &TokenHistory::EMPTY),
+            Err(SamplingError::EmptyLogits)
+        );
+        let mut s = sampler(SamplingParams {
+            logit_bias: BTreeMap::from([(2, 1.0)]),
+            ..SamplingParams::default()
+        });
         assert_eq!(
             s.sample(&[1.0, 2.0], &TokenHistory::EMPTY),
-            Err(SamplingError::BiasTokenOutOfVocab { token_id: 2, num_vocab: 2 })
+            Err(SamplingError::BiasTokenOutOfVocab {
+                token_id: 2,
+                num_vocab: 2
+            })
         );
     }
 
@@ -292,38 +375,58 @@ mod tests {
             top_logprobs: 2,
             ..SamplingParams::default()
         };
-        let out = sampler(params).sample(&row, &TokenHistory::new(&[], &[2])).unwrap();
+        let out = sampler(params)
+            .sample(&row, &TokenHistory::new(&[], &[2]))
+            .unwrap();
         // after the penalty the logits are [1, 2, 2]: argmax 1 (lowest id among equals)
         let log_z = (1f64.exp() + 2.0 * 2f64.exp()).ln() as f32;
         assert_eq!(out.token, 1);
         assert!((out.logprob.unwrap() - (2.0 - log_z)).abs() < 1e-6);
-        assert_eq!(out.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            out.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
         assert!((out.top_logprobs[0].1 - (2.0 - log_z)).abs() < 1e-6);
-        let plain = sampler(SamplingParams::greedy()).sample(&row, &TokenHistory::EMPTY).unwrap();
+        let plain = sampler(SamplingParams::greedy())
+            .sample(&row, &TokenHistory::EMPTY)
+            .unwrap();
         assert_eq!((plain.logprob, plain.top_logprobs.len()), (None, 0));
     }
 
     #[test]
     fn final_distribution_matches_what_sample_draws_from() {
         let row: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.4).collect();
-        let params = SamplingParams { top_k: 20, top_p: 0.8, temperature: 0.7, ..seeded(4) };
+        let params = SamplingParams {
+            top_k: 20,
+            top_p: 0.8,
+            temperature: 0.7,
+            ..seeded(4)
+        };
         let mut s = sampler(params);
         let dist = s.final_distribution(&row, &TokenHistory::EMPTY).unwrap();
         let total: f32 = dist.entries().iter().map(|e| e.1).sum();
         assert!((total - 1.0).abs() < 1e-5);
         for _ in 0..500 {
             let token = s.sample(&row, &TokenHistory::EMPTY).unwrap().token;
-            assert!(dist.prob(token) > 0.0, "drew {token}, outside the final distribution");
+            assert!(
+                dist.prob(token) > 0.0,
+                "drew {token}, outside the final distribution"
+            );
         }
     }
 
     #[test]
     fn buffers_are_reused_across_calls() {
         let rows = rows(3, 2000);
-        let params = SamplingParams { top_p: 0.9, frequency_penalty: 0.5, ..seeded(1) };
+        let params = SamplingParams {
+            top_p: 0.9,
+            frequency_penalty: 0.5,
+            ..seeded(1)
+        };
         let mut s = sampler(params);
         let history = [1u32, 2, 3, 2];
-        s.sample(&rows[0], &TokenHistory::new(&[], &history)).unwrap();
+        s.sample(&rows[0], &TokenHistory::new(&[], &history))
+            .unwrap();
         let pointers = (s.adjusted.as_ptr(), s.cands.as_ptr());
         for row in &rows[1..] {
             s.sample(row, &TokenHistory::new(&[], &history)).unwrap();

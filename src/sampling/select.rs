@@ -1,68 +1,66 @@
-//! Selection over one row of logits: argmax, top-k, softmax, top-p, min-p, and drawing a token.
+//! Selection over one row of logits: top-k, softmax, top-p, min-p, and drawing a token.
 //!
 //! Everything works in a caller-owned candidate buffer and never sorts the whole vocabulary:
-//! top-k is one pass with a k-sized heap, top-p sorts growing prefixes found by partial
-//! selection, min-p is a filter. Ties are always broken towards the lower token id, so every
-//! result is deterministic.
+//! top-k is one pass with a k-sized heap, top-p first tries the best 64 tokens and otherwise
+//! bisects on probability mass with partial selection, min-p is a filter on the same pass that
+//! computes the probabilities. Ties are always broken towards the lower token id.
 
 use std::cmp::Ordering;
 
 use rand::Rng;
 
+use super::kernels::{is_live, Softmax};
 use super::params::SamplingParams;
 
-/// A token still in the running, with its logit or (after [`softmax`]) its probability.
+/// A token still in the running, with its logit or its probability.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Candidate {
     pub id: u32,
     pub value: f32,
 }
 
+/// How many of the best tokens top-p looks at before falling back to bisection.
+const NUCLEUS_FIRST_TRY: usize = 64;
+
 /// The order used everywhere: larger value first, then lower id.
-fn better_first(a: &Candidate, b: &Candidate) -> Ordering {
+pub(crate) fn better_first(a: &Candidate, b: &Candidate) -> Ordering {
     b.value.total_cmp(&a.value).then(a.id.cmp(&b.id))
-}
-
-/// True when `logit` can be chosen at all (`-inf` is a ban; NaN is treated as a ban).
-#[inline]
-fn is_live(logit: f32) -> bool {
-    logit > f32::NEG_INFINITY
-}
-
-/// Index of the largest logit, the lowest id among equals; `None` if no logit is live.
-pub(crate) fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if is_live(l) && best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
-        }
-    }
-    best.map(|(i, _)| i as u32)
 }
 
 /// Fills `out` with the `k` best live logits (fewer if fewer are live), unordered.
 ///
-/// One pass with a min-heap of the k best so far: a token costs one comparison unless it beats
-/// the worst kept one, which for a long row is rare (about `k·ln(n/k)` times for random order).
+/// One pass with a min-heap of the k best so far. The row is read 16 logits at a time and a
+/// block is only looked into when its maximum beats the worst kept logit, which for a long row
+/// is rare (about `k·ln(n/k)` entries for random order).
 pub(crate) fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
+    const BLOCK: usize = 16;
     out.clear();
-    if k == 0 {
+    let mut start = 0;
+    while out.len() < k && start < logits.len() {
+        if is_live(logits[start]) {
+            out.push(Candidate { id: start as u32, value: logits[start] });
+        }
+        start += 1;
+    }
+    if out.len() < k {
         return;
     }
-    let mut iter = logits.iter().enumerate().filter(|(_, &l)| is_live(l));
-    out.extend(iter.by_ref().take(k).map(|(i, &l)| Candidate { id: i as u32, value: l }));
-    for i in (0..out.len() / 2).rev() {
+    for i in (0..k / 2).rev() {
         sift_down(out, i);
     }
-    let Some(mut worst) = out.first().map(|c| c.value) else {
-        return;
-    };
-    // Later ids lose ties, so only a strictly larger logit enters.
-    for (i, &l) in iter {
-        if l > worst {
-            out[0] = Candidate { id: i as u32, value: l };
-            sift_down(out, 0);
-            worst = out[0].value;
+    let mut worst = out[0].value;
+    for (b, block) in logits[start..].chunks(BLOCK).enumerate() {
+        let block_max = block.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+        if block_max <= worst {
+            continue;
+        }
+        // Later ids lose ties, so only a strictly larger logit enters.
+        for (j, &l) in block.iter().enumerate() {
+            if l > worst {
+                out[0] = Candidate { id: (start + b * BLOCK + j) as u32, value: l };
+                sift_down(out, 0);
+                worst = out[0].value;
+            }
         }
     }
 }
@@ -85,115 +83,109 @@ fn sift_down(heap: &mut [Candidate], mut i: usize) {
     }
 }
 
-/// Fills `out` with every live logit, in id order.
-pub(crate) fn all_live_into(logits: &[f32], out: &mut Vec<Candidate>) {
-    out.clear();
-    out.extend(
-        logits
-            .iter()
-            .enumerate()
-            .filter(|(_, &l)| is_live(l))
-            .map(|(i, &l)| Candidate { id: i as u32, value: l.min(f32::MAX) }),
-    );
-}
-
-/// Turns logits into probabilities at `temperature` (> 0), in place. Returns the largest
-/// probability. `cands` must be non-empty.
-pub(crate) fn softmax(cands: &mut [Candidate], temperature: f32) -> f32 {
-    let max = cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.value));
-    let inv_t = 1.0 / temperature;
-    let mut sum = 0.0f64;
-    for c in cands.iter_mut() {
-        c.value = ((c.value - max) * inv_t).exp();
-        sum += c.value as f64;
-    }
-    let inv_sum = (1.0 / sum) as f32;
-    for c in cands.iter_mut() {
-        c.value *= inv_sum;
-    }
-    inv_sum
-}
-
-/// Keeps the smallest most-likely prefix whose probability mass is at least `top_p`, and leaves
-/// it sorted most likely first.
+/// Keeps the smallest set of most likely candidates whose probability mass reaches `target`
+/// (ties by lower id), in no particular order; keeps all when rounding leaves it just short.
 ///
-/// Sorts only what it must: the best 64, then the next 256, 1024, … found by partial selection
-/// on what is left, until the running mass reaches `top_p`.
-pub(crate) fn top_p(cands: &mut Vec<Candidate>, top_p: f32) {
-    let target = top_p as f64;
-    let (mut sorted, mut chunk, mut mass) = (0usize, 64usize, 0.0f64);
-    while sorted < cands.len() {
-        let rest = &mut cands[sorted..];
-        let take = chunk.min(rest.len());
-        if take < rest.len() {
-            rest.select_nth_unstable_by(take - 1, better_first);
+/// Bisects on mass: partial selection splits the undecided range at its middle, and the half
+/// that holds the boundary is kept undecided, so the cost is about two partial selections.
+pub(crate) fn nucleus(cands: &mut Vec<Candidate>, target: f64) {
+    let (mut lo, mut hi, mut mass_above) = (0usize, cands.len(), 0.0f64);
+    // Invariant: cands[..lo] beat everything after them and hold mass_above < target;
+    // cands[..hi] beat cands[hi..] and, unless hi == len, hold at least target.
+    while hi - lo > NUCLEUS_FIRST_TRY {
+        let mid = lo + (hi - lo) / 2;
+        cands[lo..hi].select_nth_unstable_by(mid - lo, better_first);
+        let upper: f64 = cands[lo..=mid].iter().map(|c| c.value as f64).sum();
+        if mass_above + upper >= target {
+            hi = mid + 1;
+        } else {
+            mass_above += upper;
+            lo = mid + 1;
         }
-        rest[..take].sort_unstable_by(better_first);
-        for (i, c) in rest[..take].iter().enumerate() {
-            mass += c.value as f64;
-            if mass >= target {
-                cands.truncate(sorted + i + 1);
-                return;
-            }
-        }
-        sorted += take;
-        chunk *= 4;
     }
-    // Rounding kept the total just under `top_p`: everything stays, fully sorted.
+    cands[lo..hi].sort_unstable_by(better_first);
+    let mut mass = mass_above;
+    for i in lo..hi {
+        mass += cands[i].value as f64;
+        if mass >= target {
+            cands.truncate(i + 1);
+            return;
+        }
+    }
+    cands.truncate(hi);
 }
 
-/// Drops candidates whose probability is below `min_p * max_prob`. `sorted` says the candidates
-/// are in [`better_first`] order, so the survivors are a prefix.
-pub(crate) fn min_p(cands: &mut Vec<Candidate>, min_p: f32, max_prob: f32, sorted: bool) {
-    let threshold = min_p * max_prob;
-    if sorted {
-        let keep = cands.partition_point(|c| c.value >= threshold);
-        cands.truncate(keep.max(1));
-    } else {
-        cands.retain(|c| c.value >= threshold);
-    }
+/// Keeps the candidates with probability at least `min_prob` and above 0 (see [`keeps`]).
+pub(crate) fn drop_below(cands: &mut Vec<Candidate>, min_prob: f32) {
+    cands.retain(|c| keeps(c.value, min_prob));
 }
 
-/// Scales the probabilities to sum to 1 and drops any that underflowed to 0, keeping the order.
-pub(crate) fn renormalise(cands: &mut Vec<Candidate>) {
+/// Scales the probabilities to sum to 1.
+pub(crate) fn renormalise(cands: &mut [Candidate]) {
     let sum: f64 = cands.iter().map(|c| c.value as f64).sum();
     let inv = (1.0 / sum) as f32;
-    let mut kept = 0;
-    for i in 0..cands.len() {
-        let c = cands[i];
-        if c.value > 0.0 {
-            cands[kept] = Candidate { id: c.id, value: c.value * inv };
-            kept += 1;
-        }
+    for c in cands.iter_mut() {
+        c.value *= inv;
     }
-    cands.truncate(kept);
 }
 
 /// The processed distribution for `params` (not greedy) over `logits` into `cands`: top-k,
-/// temperature, softmax, top-p, min-p, renormalise. Leaves `cands` empty when no logit is live.
+/// temperature, softmax, top-p, min-p, renormalise. Every survivor has probability > 0. Leaves
+/// `cands` empty when no logit is live.
 pub(crate) fn filtered_distribution(
     params: &SamplingParams,
     logits: &[f32],
     cands: &mut Vec<Candidate>,
 ) {
     let k = params.top_k.max(0) as usize;
-    if k > 0 && k < logits.len() {
-        top_k_into(logits, k, cands);
+    let whole_row = k == 0 || k >= logits.len();
+    let softmax = if whole_row {
+        Softmax::over_row(logits, params.temperature)
     } else {
-        all_live_into(logits, cands);
-    }
-    if cands.is_empty() {
+        top_k_into(logits, k, cands);
+        Softmax::over(cands.iter().map(|c| c.value), params.temperature)
+    };
+    let Some(softmax) = softmax else {
+        cands.clear();
         return;
+    };
+    // min-p's floor. Applying it while collecting, before top-p, gives the same set as after:
+    // nothing is renormalised in between and the nucleus is a most-likely prefix.
+    let min_prob = params.min_p * softmax.max_prob();
+    let top_p = params.top_p as f64;
+    if !whole_row {
+        for c in cands.iter_mut() {
+            c.value = softmax.prob(c.value);
+        }
+    } else if !(top_p < 1.0 && try_small_nucleus(logits, &softmax, top_p, cands)) {
+        cands.clear();
+        cands.reserve(logits.len());
+        softmax.for_each_kept(logits, min_prob, |id, value| cands.push(Candidate { id, value }));
     }
-    let max_prob = softmax(cands, params.temperature);
-    let sorted = params.top_p < 1.0;
-    if sorted {
-        top_p(cands, params.top_p);
+    if top_p < 1.0 {
+        nucleus(cands, top_p);
     }
-    if params.min_p > 0.0 {
-        min_p(cands, params.min_p, max_prob, sorted);
-    }
+    drop_below(cands, min_prob);
     renormalise(cands);
+}
+
+/// Top-p for the common peaked case: when the best [`NUCLEUS_FIRST_TRY`] tokens already hold
+/// `top_p` of the mass, the nucleus is among them. Leaves them in `cands` as probabilities and
+/// returns true in that case.
+fn try_small_nucleus(
+    logits: &[f32],
+    softmax: &Softmax,
+    top_p: f64,
+    cands: &mut Vec<Candidate>,
+) -> bool {
+    if logits.len() <= 4 * NUCLEUS_FIRST_TRY {
+        return false;
+    }
+    top_k_into(logits, NUCLEUS_FIRST_TRY, cands);
+    for c in cands.iter_mut() {
+        c.value = softmax.prob(c.value);
+    }
+    cands.iter().map(|c| c.value as f64).sum::<f64>() >= top_p
 }
 
 /// Draws one candidate with probability proportional to its value. `cands` must be non-empty.
@@ -211,16 +203,6 @@ pub(crate) fn draw(cands: &[Candidate], rng: &mut impl Rng) -> u32 {
     cands.iter().rev().find(|c| c.value > 0.0).unwrap_or(&cands[0]).id
 }
 
-/// `log Σ exp(logit)` over the live logits (the temperature-1 normaliser); `None` if none live.
-pub(crate) fn log_sum_exp(logits: &[f32]) -> Option<f32> {
-    let max = logits.iter().copied().filter(|&l| is_live(l)).fold(f32::NEG_INFINITY, f32::max);
-    if !is_live(max) {
-        return None;
-    }
-    let sum: f64 = logits.iter().map(|&l| ((l - max).exp()) as f64).sum();
-    Some(max + sum.ln() as f32)
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -235,10 +217,20 @@ mod tests {
 
     /// Reference softmax in f64 over `(id, logit)` at temperature `t`.
     fn reference_probs(cands: &[(u32, f32)], t: f32) -> Vec<(u32, f64)> {
-        let max = cands.iter().map(|c| c.1 as f64).fold(f64::NEG_INFINITY, f64::max);
-        let exps: Vec<f64> = cands.iter().map(|c| ((c.1 as f64 - max) / t as f64).exp()).collect();
+        let max = cands
+            .iter()
+            .map(|c| c.1 as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let exps: Vec<f64> = cands
+            .iter()
+            .map(|c| ((c.1 as f64 - max) / t as f64).exp())
+            .collect();
         let sum: f64 = exps.iter().sum();
-        cands.iter().zip(exps).map(|(c, e)| (c.0, e / sum)).collect()
+        cands
+            .iter()
+            .zip(exps)
+            .map(|(c, e)| (c.0, e / sum))
+            .collect()
     }
 
     #[test]

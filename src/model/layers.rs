@@ -1,0 +1,160 @@
+//! The numeric building blocks shared by every architecture, one tested copy each: RMSNorm,
+//! rotary embeddings, SwiGLU and the quantized linear layer. They work on plain row-major f32
+//! slices (`[num_rows, width]`) so that the forward pass stays free of tensor-op allocations.
+
+use super::config::RopeStyle;
+use anyhow::Result;
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+
+/// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(weight.len()) {
+        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v *= inv * w;
+        }
+    }
+}
+
+/// `out = rms_norm(x)`, leaving `x` untouched.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend_from_slice(x);
+    rms_norm_in_place(out, weight, eps);
+}
+
+/// Cosines and sines for each row's position: `[num_rows, head_dim / 2]` each.
+pub struct RopeTable {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+    half: usize,
+}
+
+impl RopeTable {
+    pub fn new(positions: &[usize], head_dim: usize, theta: f32) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &pos in positions {
+            for i in 0..half {
+                let freq = theta.powf(-2.0 * i as f32 / head_dim as f32);
+                let angle = pos as f32 * freq;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        Self { cos, sin, half }
+    }
+
+    /// Rotates `x`: `[num_rows, num_heads, head_dim]`, row `r` by position `r`'s angles.
+    pub fn apply(&self, x: &mut [f32], num_heads: usize, style: RopeStyle) {
+        let hd = self.half * 2;
+        for (r, row) in x.chunks_exact_mut(num_heads * hd).enumerate() {
+            let cos = &self.cos[r * self.half..(r + 1) * self.half];
+            let sin = &self.sin[r * self.half..(r + 1) * self.half];
+            for head in row.chunks_exact_mut(hd) {
+                for i in 0..self.half {
+                    let (a, b) = match style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + self.half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos[i] - x1 * sin[i];
+                    head[b] = x0 * sin[i] + x1 * cos[i];
+                }
+            }
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`, element-wise.
+pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// A linear layer `y = x · Wᵀ (+ b)` over quantized weights `W: [out_dim, in_dim]`.
+pub struct Linear {
+    weight: QMatMul,
+    bias: Option<Vec<f32>>,
+    pub in_dim: usize,
+    pub out_dim: usize,
+}
+
+impl Linear {
+    pub fn new(weight: QMatMul, bias: Option<Vec<f32>>, out_dim: usize, in_dim: usize) -> Self {
+        Self {
+            weight,
+            bias,
+            in_dim,
+            out_dim,
+        }
+    }
+
+    /// `x`: `[num_rows, in_dim]` → `[num_rows, out_dim]`.
+    pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let num_rows = x.len() / self.in_dim;
+        let input = Tensor::from_slice(x, (num_rows, self.in_dim), &Device::Cpu)?;
+        let mut y = self.weight.forward(&input)?.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(bias) = &self.bias {
+            for row in y.chunks_exact_mut(self.out_dim) {
+                add_in_place(row, bias);
+            }
+        }
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_of_constant_row_is_the_weight() {
+        let mut x = vec![3.0, 3.0, 3.0, 3.0];
+        rms_norm_in_place(&mut x, &[1.0, 2.0, 3.0, 4.0], 0.0);
+        assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn rope_rotates_the_pairs_each_style_names() {
+        // head_dim 4, position 1, theta 1 → every pair rotates by 1 radian.
+        let table = RopeTable::new(&[1], 4, 1.0);
+        let (c, s) = (1f32.cos(), 1f32.sin());
+        let mut x = vec![1.0, 0.0, 0.0, 0.0];
+        table.apply(&mut x, 1, RopeStyle::Interleaved);
+        // Pair (0, 1): (1, 0) → (cos, sin).
+        assert!((x[0] - c).abs() < 1e-6 && (x[1] - s).abs() < 1e-6 && x[2] == 0.0);
+        let mut x = vec![1.0, 0.0, 0.0, 0.0];
+        table.apply(&mut x, 1, RopeStyle::Neox);
+        // Pair (0, 2): (1, 0) → (cos, sin).
+        assert!((x[0] - c).abs() < 1e-6 && (x[2] - s).abs() < 1e-6 && x[1] == 0.0);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity() {
+        let table = RopeTable::new(&[0], 8, 10_000.0);
+        let mut x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let before = x.clone();
+        table.apply(&mut x, 2, RopeStyle::Neox);
+        assert_eq!(x, before);
+    }
+
+    #[test]
+    fn silu_matches_definition() {
+        let mut g = vec![0.0, 1.0, -2.0];
+        silu_mul_in_place(&mut g, &[1.0, 2.0, 3.0]);
+        assert_eq!(g[0], 0.0);
+        assert!((g[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
+        assert!((g[2] - 3.0 * -2.0 / (1.0 + 2f32.exp())).abs() < 1e-6);
+    }
+}

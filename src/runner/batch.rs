@@ -1,0 +1,65 @@
+//! The ragged batch a forward pass runs: several sequences, each contributing a run of new
+//! tokens at its own position (a prefill chunk, one decode token, or k+1 verify tokens), and
+//! each saying which of its rows need logits.
+
+use crate::kv::PageId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputRows {
+    /// No logits (a prefill chunk that is not the prompt's last).
+    None,
+    /// Logits for the last row only (end of prompt, decode).
+    Last,
+    /// Logits for every row (speculative verification).
+    All,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    /// The tokens whose K/V this step computes, at positions `start_position..`.
+    pub tokens: &'a [u32],
+    pub start_position: usize,
+    /// The sequence's page table; it must already cover `start_position + tokens.len()`.
+    pub page_ids: &'a [PageId],
+    pub outputs: OutputRows,
+}
+
+/// Which row of the batch an output row came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputRow {
+    /// Index of the sequence in the batch.
+    pub seq: usize,
+    /// Absolute position of the token whose next-token logits these are.
+    pub position: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct ForwardOutput {
+    /// `[rows.len(), vocab_size]`.
+    pub logits: Vec<f32>,
+    /// `[rows.len(), hidden_size]`, final-normed hidden states; empty unless asked for.
+    pub hidden: Vec<f32>,
+    pub rows: Vec<OutputRow>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+}
+
+impl ForwardOutput {
+    pub fn logits_row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
+    }
+
+    pub fn hidden_row(&self, i: usize) -> &[f32] {
+        &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
+    }
+
+    /// Output rows belonging to batch sequence `seq`, in order.
+    pub fn rows_of(&self, seq: usize) -> impl Iterator<Item = usize> + '_ {
+        self.rows
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| r.seq == seq)
+            .map(|(i, _)| i)
+    }
+}

@@ -1,0 +1,43 @@
+//! Sampling: turns one row of logits (`[num_vocab]`, up to 151,936 entries) into the next token.
+//!
+//! Owns: [`SamplingParams`] and their validation, the per-sequence [`Sampler`] (its seeded
+//! ChaCha20 RNG and its scratch buffers), and the final [`Distribution`] the speculative verifier
+//! reads `p(x)` and the residual `(p − q)+` from. Never touches: the model, tensors, KV pages,
+//! or wire types — the caller hands in a plain `&[f32]` row and token ids.
+//!
+//! # Order of processing
+//!
+//! 1. `logit_bias` (a bias of -100 sets the logit to `-inf`: an exact ban),
+//! 2. repetition penalty (prompt + generated tokens in the window), then presence and frequency
+//!    penalties (generated tokens only, OpenAI semantics),
+//! 3. greedy (temperature 0): argmax, ties to the lowest token id — done;
+//! 4. top-k, 5. temperature, 6. softmax, 7. top-p, 8. min-p (relative to the most likely token),
+//!    9. renormalise, 10. draw with the sampler's RNG.
+//!
+//! This is llama.cpp's default chain (penalties → top-k → top-p → min-p → temperature → draw)
+//! except that the temperature comes before top-p and min-p, as in HF transformers and vLLM, so
+//! top-p's mass and min-p's ratio are measured on the distribution actually sampled from.
+//! Reported log-probabilities are OpenAI's: the model distribution after bias and penalties at
+//! temperature 1, before any filter, so they do not change with the sampling settings.
+//!
+//! NaN logits are treated like `-inf` (never chosen); `+inf` like the largest finite logit.
+//!
+//! # Cost
+//!
+//! No call sorts the vocabulary: greedy is one pass, top-k one pass with a k-sized heap, top-p a
+//! partial selection of growing prefixes, min-p a filter. Bias and penalties copy the row once
+//! and touch only the affected tokens. A `Sampler`'s buffers are reused, so it allocates only on
+//! its first call (and for the `top_logprobs` list when asked for).
+
+mod distribution;
+mod params;
+mod penalties;
+mod sampler;
+mod select;
+#[cfg(test)]
+mod stats_tests;
+
+pub use distribution::Distribution;
+pub use params::{SamplingParams, SamplingParamsError, BAN_BIAS, MAX_TOP_LOGPROBS};
+pub use penalties::TokenHistory;
+pub use sampler::{SampleOutput, Sampler, SamplingError};
