@@ -4,6 +4,7 @@
 pub mod config;
 pub mod layers;
 pub mod transformer;
+pub mod test_model;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeStyle};

@@ -24,12 +24,15 @@
 //!
 //! # Cost
 //!
-//! No call sorts the vocabulary: greedy is one pass, top-k one pass with a k-sized heap, top-p a
-//! partial selection of growing prefixes, min-p a filter. Bias and penalties copy the row once
-//! and touch only the affected tokens. A `Sampler`'s buffers are reused, so it allocates only on
+//! No call sorts the vocabulary: greedy is one vectorised pass, top-k one pass with a k-sized
+//! heap that skips blocks below its worst entry, the softmax a vectorised pass with a branch-free
+//! `exp`, top-p a look at the best 64 tokens and otherwise a bisection on mass by partial
+//! selection, min-p a filter. Bias and penalties copy the row once and touch only the affected
+//! tokens. A `Sampler`'s buffers are reused, so it allocates only on
 //! its first call (and for the `top_logprobs` list when asked for).
 
 mod distribution;
+mod kernels;
 mod params;
 mod penalties;
 mod sampler;

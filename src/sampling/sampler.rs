@@ -4,6 +4,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 use super::distribution::Distribution;
+use super::kernels::{self, Softmax};
 use super::params::{SamplingParams, SamplingParamsError};
 use super::penalties::{self, PenaltyScratch, TokenHistory};
 use super::select::{self, Candidate};
@@ -98,7 +99,7 @@ impl Sampler {
         } = self;
         let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
         let token = if params.is_greedy() {
-            select::argmax(logits).ok_or(SamplingError::NoCandidates)?
+            kernels::argmax(logits).ok_or(SamplingError::NoCandidates)?
         } else {
             select::filtered_distribution(params, logits, cands);
             if cands.is_empty() {
@@ -137,7 +138,7 @@ impl Sampler {
         } = self;
         let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
         if params.is_greedy() {
-            out.set_greedy(select::argmax(logits).ok_or(SamplingError::NoCandidates)?);
+            out.set_greedy(kernels::argmax(logits).ok_or(SamplingError::NoCandidates)?);
         } else {
             select::filtered_distribution(params, logits, cands);
             if cands.is_empty() {
@@ -195,14 +196,16 @@ fn logprobs(
     if !params.logprobs {
         return out;
     }
-    // A live token was chosen, so the normaliser exists.
-    let log_z = select::log_sum_exp(logits).unwrap_or(f32::INFINITY);
-    out.logprob = Some(logits[token as usize] - log_z);
+    // A live token was chosen, so the softmax exists.
+    let Some(softmax) = Softmax::over_row(logits, 1.0) else {
+        return out;
+    };
+    out.logprob = Some(softmax.log_prob(logits[token as usize]));
     if params.top_logprobs > 0 {
         select::top_k_into(logits, params.top_logprobs as usize, top);
-        top.sort_unstable_by(|a, b| b.value.total_cmp(&a.value).then(a.id.cmp(&b.id)));
+        top.sort_unstable_by(select::better_first);
         out.top_logprobs
-            .extend(top.iter().map(|c| (c.id, c.value - log_z)));
+            .extend(top.iter().map(|c| (c.id, softmax.log_prob(c.value))));
     }
     out
 }

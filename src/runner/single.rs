@@ -1,0 +1,93 @@
+//! One sequence run directly against the model, without the scheduler: used by `mtpx run`,
+//! `mtpx bench` and the tests that compare the forward pass against references. Its pages come
+//! from a pool like everyone else's, so capacity is still exactly what was allocated.
+
+use super::batch::{OutputRows, SeqStep};
+use crate::kv::{KvDtype, KvStorage, PagePool, PageTable};
+use crate::model::Transformer;
+use anyhow::Result;
+
+pub struct SingleSequence<'m> {
+    model: &'m Transformer,
+    pool: PagePool,
+    kv: KvStorage,
+    table: PageTable,
+    tokens: Vec<u32>,
+}
+
+impl<'m> SingleSequence<'m> {
+    /// A sequence with room for `max_tokens` positions in pages of `page_size`.
+    pub fn new(model: &'m Transformer, max_tokens: usize, page_size: usize, dtype: KvDtype) -> Self {
+        let num_pages = max_tokens.div_ceil(page_size);
+        Self {
+            model,
+            pool: PagePool::new(num_pages, page_size),
+            kv: KvStorage::new(model.kv_shape(page_size), dtype, num_pages),
+            table: PageTable::new(),
+            tokens: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes_allocated()
+    }
+
+    /// Appends `tokens` in chunks of at most `chunk` and returns the next-token logits of every
+    /// appended position when `all_logits`, else of the last one only.
+    pub fn append(&mut self, tokens: &[u32], chunk: usize, all_logits: bool) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        for (i, piece) in tokens.chunks(chunk.max(1)).enumerate() {
+            let last = (i + 1) * chunk.max(1) >= tokens.len();
+            let start = self.table.len();
+            self.table.try_grow(piece.len(), &mut self.pool)?;
+            let outputs = match (all_logits, last) {
+                (true, _) => OutputRows::All,
+                (false, true) => OutputRows::Last,
+                (false, false) => OutputRows::None,
+            };
+            let step = SeqStep {
+                tokens: piece,
+                start_position: start,
+                page_ids: self.table.page_ids(),
+                outputs,
+            };
+            let out = self.model.forward(&[step], &mut self.kv, false);
+            let out = match out {
+                Ok(out) => out,
+                Err(e) => {
+                    self.table.truncate(start, &mut self.pool)?;
+                    return Err(e);
+                }
+            };
+            self.tokens.extend_from_slice(piece);
+            logits.extend_from_slice(&out.logits);
+        }
+        Ok(logits)
+    }
+
+    /// Drops positions past `len` (returning emptied pages to the pool).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        self.table.truncate(len, &mut self.pool)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+}
+
+/// Index of the largest logit; ties go to the lowest id.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,130 @@
+//! The ragged-batch forward pass on the generated test model: chunked prefill equals one-shot
+//! prefill, a sequence in a batch equals the sequence alone, and capacity is enforced.
+
+use mtpx::kv::{KvDtype, KvStorage, PagePool, PageTable};
+use mtpx::model::test_model::{write_test_model, TestModelSpec};
+use mtpx::model::Transformer;
+use mtpx::runner::{argmax, OutputRows, SeqStep, SingleSequence};
+
+fn test_model() -> Transformer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
+    Transformer::load(&path).unwrap().0
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7919 + 13) % 500).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Greedy continuation of `n` tokens after a prefill in chunks of `chunk`.
+fn greedy(model: &Transformer, tokens: &[u32], chunk: usize, n: usize) -> (Vec<f32>, Vec<u32>) {
+    let mut seq = SingleSequence::new(model, tokens.len() + n + 1, 16, KvDtype::F32);
+    let first = seq.append(tokens, chunk, false).unwrap();
+    let mut out = vec![argmax(&first)];
+    for _ in 1..n {
+        let logits = seq.append(&[*out.last().unwrap()], 1, false).unwrap();
+        out.push(argmax(&logits));
+    }
+    (first, out)
+}
+
+#[test]
+fn chunked_prefill_equals_one_shot_prefill() {
+    let model = test_model();
+    let tokens = prompt(300);
+    let (reference_logits, reference_tokens) = greedy(&model, &tokens, tokens.len(), 32);
+    for chunk in [1, 7, 64] {
+        let (logits, generated) = greedy(&model, &tokens, chunk, 32);
+        let diff = max_abs_diff(&logits, &reference_logits);
+        assert!(diff < 1e-3, "chunk {chunk}: logits differ by {diff}");
+        assert_eq!(generated, reference_tokens, "chunk {chunk}");
+    }
+}
+
+#[test]
+fn all_rows_logits_equal_step_by_step_logits() {
+    // What speculative verification relies on: logits for k rows at once equal k decode steps.
+    let model = test_model();
+    let tokens = prompt(40);
+    let mut one_by_one = SingleSequence::new(&model, 64, 16, KvDtype::F32);
+    one_by_one.append(&tokens[..30], 30, false).unwrap();
+    let stepwise = one_by_one.append(&tokens[30..], 1, true).unwrap();
+    let mut verify = SingleSequence::new(&model, 64, 16, KvDtype::F32);
+    verify.append(&tokens[..30], 30, false).unwrap();
+    let at_once = verify.append(&tokens[30..], 10, true).unwrap();
+    assert!(max_abs_diff(&stepwise, &at_once) < 1e-3);
+}
+
+#[test]
+fn a_sequence_in_a_ragged_batch_equals_the_sequence_alone() {
+    let model = test_model();
+    let page_size = 16;
+    let mut pool = PagePool::new(64, page_size);
+    let mut kv = KvStorage::new(model.kv_shape(page_size), KvDtype::F32, 64);
+    let prompts = [prompt(45), prompt(3), prompt(17)];
+    let mut tables: Vec<PageTable> = prompts.iter().map(|_| PageTable::new()).collect();
+    for (t, p) in tables.iter_mut().zip(&prompts) {
+        t.try_grow(p.len(), &mut pool).unwrap();
+    }
+    let steps: Vec<SeqStep> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| SeqStep {
+            tokens: p,
+            start_position: 0,
+            page_ids: t.page_ids(),
+            outputs: OutputRows::Last,
+        })
+        .collect();
+    let batched = model.forward(&steps, &mut kv, false).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let mut alone = SingleSequence::new(&model, 64, page_size, KvDtype::F32);
+        let logits = alone.append(p, p.len(), false).unwrap();
+        let diff = max_abs_diff(batched.logits_row(i), &logits);
+        assert!(diff < 1e-3, "sequence {i}: {diff}");
+    }
+}
+
+#[test]
+fn a_step_past_the_page_tables_capacity_is_a_typed_error() {
+    let model = test_model();
+    let mut pool = PagePool::new(4, 16);
+    let mut kv = KvStorage::new(model.kv_shape(16), KvDtype::F16, 4);
+    let mut table = PageTable::new();
+    table.try_grow(16, &mut pool).unwrap();
+    let tokens = prompt(17);
+    let err = model
+        .forward(
+            &[SeqStep {
+                tokens: &tokens,
+                start_position: 0,
+                page_ids: table.page_ids(),
+                outputs: OutputRows::Last,
+            }],
+            &mut kv,
+            false,
+        )
+        .unwrap_err();
+    let kv_err = err.downcast_ref::<mtpx::error::KvError>().unwrap();
+    assert_eq!(
+        *kv_err,
+        mtpx::error::KvError::PastCapacity {
+            position: 16,
+            capacity: 16
+        }
+    );
+}
+
+#[test]
+fn the_test_model_is_small_enough_for_long_session_tests() {
+    // Sizes, not timings: `mtpx bench` measures its speed.
+    let model = test_model();
+    assert!(model.config.hidden_size <= 64 && model.config.num_layers <= 2);
+    assert_eq!(model.config.num_mtp_layers, 1);
+    assert_eq!(model.config.vocab_size, 512);
+}
