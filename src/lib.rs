@@ -1,10 +1,16 @@
 //! mtpx: a local inference server for coding agents and chat.
 //!
-//! Data flows from the edge inwards: tokenizer → session page tables (`kv`) → scheduler →
-//! model runner (`runner`, `model`) → sampler (`sampling`). Each folder owns one stage; see
-//! `DESIGN.md` in the shared docs for the whole picture.
+//! Data flows from the edge inwards, and the folders follow it:
+//! `tokenizer` (text ⇄ ids, chat templates) → `kv` (page pool, page tables, paged attention) →
+//! `runner` (ragged batches) → `model` (GGUF weights, the transformer) → `sampling` (logits →
+//! next token). `pull` fetches real models; `cli` wires the commands together.
 
+pub mod cli;
+pub mod config;
 pub mod error;
 pub mod kv;
 pub mod model;
+pub mod pull;
 pub mod runner;
+pub mod sampling;
+pub mod tokenizer;

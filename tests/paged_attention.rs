@@ -2,8 +2,7 @@
 //! page sizes, GQA ratios, chunk shapes and all three KV element types.
 
 use mtpx::kv::{
-    paged_attention, AttentionRow, AttentionShape, KvDtype, KvShape, KvStorage, PagePool,
-    PageTable,
+    paged_attention, AttentionRow, AttentionShape, KvDtype, KvShape, KvStorage, PagePool, PageTable,
 };
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -103,7 +102,15 @@ fn run_case(case: &Case) -> f64 {
         num_kv_heads: case.num_kv_heads,
         head_dim: hd,
     };
-    paged_attention(&q, &rows, &table_refs, &storage, layer, attn_shape, &mut out);
+    paged_attention(
+        &q,
+        &rows,
+        &table_refs,
+        &storage,
+        layer,
+        attn_shape,
+        &mut out,
+    );
 
     let group = case.num_heads / case.num_kv_heads;
     let mut max_err = 0f64;

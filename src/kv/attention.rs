@@ -61,10 +61,22 @@ pub fn paged_attention(
     assert_eq!(shape.num_heads % shape.num_kv_heads, 0);
     let tasks = plan_tasks(rows, shape.num_kv_heads);
     let out_ptr = OutPtr(out.as_mut_ptr());
-    tasks.par_iter().for_each_init(Scratch::default, |scratch, task| {
-        let out_ptr = out_ptr;
-        attend_task(q, rows, page_tables, kv, layer, shape, task, scratch, out_ptr);
-    });
+    tasks
+        .par_iter()
+        .for_each_init(Scratch::default, |scratch, task| {
+            let out_ptr = out_ptr;
+            attend_task(
+                q,
+                rows,
+                page_tables,
+                kv,
+                layer,
+                shape,
+                task,
+                scratch,
+                out_ptr,
+            );
+        });
 }
 
 fn plan_tasks(rows: &[AttentionRow], num_kv_heads: usize) -> Vec<Task> {

@@ -38,7 +38,9 @@ impl FromStr for KvDtype {
             "f16" => Ok(KvDtype::F16),
             "f32" => Ok(KvDtype::F32),
             "q8" | "q8_0" | "int8" => Ok(KvDtype::Q8),
-            other => Err(format!("unknown KV dtype `{other}` (expected f16, f32 or q8)")),
+            other => Err(format!(
+                "unknown KV dtype `{other}` (expected f16, f32 or q8)"
+            )),
         }
     }
 }
@@ -304,7 +306,8 @@ mod tests {
             for d in 0..4 {
                 assert!((out[8 + d] - v[4 + d]).abs() < tol, "{dtype:?}");
             }
-            kv.head_rows(3, 1, KvKind::Key, 0).decode_into(3, 4, &mut out);
+            kv.head_rows(3, 1, KvKind::Key, 0)
+                .decode_into(3, 4, &mut out);
             for d in 0..4 {
                 assert!((out[8 + d] - k[d]).abs() < tol, "{dtype:?}");
             }

@@ -21,9 +21,9 @@ impl Arch {
             "llama" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
-            other => bail!(
-                "unsupported model architecture `{other}` (supported: llama, qwen2, qwen3)"
-            ),
+            other => {
+                bail!("unsupported model architecture `{other}` (supported: llama, qwen2, qwen3)")
+            }
         })
     }
 
@@ -122,7 +122,8 @@ impl ModelConfig {
         if num_heads % num_kv_heads != 0 {
             bail!("head_count {num_heads} is not a multiple of head_count_kv {num_kv_heads}");
         }
-        if let Some(kind) = get(content, &key("rope.scaling.type")).and_then(|v| v.to_string().ok()) {
+        if let Some(kind) = get(content, &key("rope.scaling.type")).and_then(|v| v.to_string().ok())
+        {
             if kind != "none" {
                 bail!("rope scaling `{kind}` is not supported");
             }

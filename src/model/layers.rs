@@ -104,7 +104,11 @@ impl Linear {
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         let num_rows = x.len() / self.in_dim;
         let input = Tensor::from_slice(x, (num_rows, self.in_dim), &Device::Cpu)?;
-        let mut y = self.weight.forward(&input)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut y = self
+            .weight
+            .forward(&input)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(self.out_dim) {
                 add_in_place(row, bias);

@@ -139,7 +139,10 @@ impl Transformer {
         want_hidden: bool,
     ) -> Result<ForwardOutput> {
         let layout = self.layout(batch, kv.shape().page_size)?;
-        let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let tokens: Vec<u32> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
         let mut x = self.embed(&tokens)?;
         for (layer, block) in self.blocks.iter().enumerate() {
             self.block_forward(block, layer, &mut x, &layout, kv)?;
@@ -162,7 +165,10 @@ impl Transformer {
             }
             for (i, &t) in step.tokens.iter().enumerate() {
                 if t as usize >= self.config.vocab_size {
-                    bail!("token id {t} is outside the vocabulary of {}", self.config.vocab_size);
+                    bail!(
+                        "token id {t} is outside the vocabulary of {}",
+                        self.config.vocab_size
+                    );
                 }
                 let position = step.start_position + i;
                 attention_rows.push(AttentionRow { seq, position });
@@ -223,7 +229,15 @@ impl Transformer {
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
         };
-        paged_attention(&q, &layout.attention_rows, &tables, kv, layer, shape, &mut attn);
+        paged_attention(
+            &q,
+            &layout.attention_rows,
+            &tables,
+            kv,
+            layer,
+            shape,
+            &mut attn,
+        );
         add_in_place(x, &block.o.forward(&attn)?);
 
         rms_norm(x, &block.ffn_norm, cfg.rms_eps, &mut h);

@@ -113,7 +113,9 @@ mod tests {
 
     #[test]
     fn q5_0_to_q8_0_is_lossless() {
-        let values: Vec<f32> = (0..256).map(|i| ((i * 37) % 61) as f32 / 7.0 - 4.0).collect();
+        let values: Vec<f32> = (0..256)
+            .map(|i| ((i * 37) % 61) as f32 / 7.0 - 4.0)
+            .collect();
         let t = Tensor::from_vec(values, (4, 64), &Device::Cpu).unwrap();
         let q5 = QTensor::quantize(&t, GgmlDType::Q5_0).unwrap();
         let q8 = q5_0_to_q8_0(&q5).unwrap();

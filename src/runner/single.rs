@@ -17,7 +17,12 @@ pub struct SingleSequence<'m> {
 
 impl<'m> SingleSequence<'m> {
     /// A sequence with room for `max_tokens` positions in pages of `page_size`.
-    pub fn new(model: &'m Transformer, max_tokens: usize, page_size: usize, dtype: KvDtype) -> Self {
+    pub fn new(
+        model: &'m Transformer,
+        max_tokens: usize,
+        page_size: usize,
+        dtype: KvDtype,
+    ) -> Self {
         let num_pages = max_tokens.div_ceil(page_size);
         Self {
             model,
@@ -71,6 +76,27 @@ impl<'m> SingleSequence<'m> {
             logits.extend_from_slice(&out.logits);
         }
         Ok(logits)
+    }
+
+    /// Fills `num_tokens` more positions with synthetic K/V (no forward pass): what a
+    /// benchmark needs to time a step at long context without paying for the prefill.
+    pub fn fill_synthetic(&mut self, num_tokens: usize, filler_token: u32) -> Result<()> {
+        let start = self.table.len();
+        self.table.try_grow(num_tokens, &mut self.pool)?;
+        let shape = self.kv.shape();
+        let width = shape.num_kv_heads * shape.head_dim;
+        let row: Vec<f32> = (0..width)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        for pos in start..start + num_tokens {
+            let page_id = self.table.page_ids()[pos / shape.page_size];
+            for layer in 0..shape.num_layers {
+                self.kv
+                    .write_token(page_id, pos % shape.page_size, layer, &row, &row);
+            }
+        }
+        self.tokens.resize(start + num_tokens, filler_token);
+        Ok(())
     }
 
     /// Drops positions past `len` (returning emptied pages to the pool).

@@ -118,11 +118,14 @@ impl Distribution {
         self.entries.push((token_id, 1.0));
     }
 
-    /// Makes this the (already normalised) distribution over `cands`, reusing the allocation.
+    /// Makes this the distribution proportional to `cands` (distinct ids, values > 0), reusing
+    /// the allocation.
     pub(crate) fn set_from_candidates(&mut self, cands: &[Candidate]) {
+        let sum: f64 = cands.iter().map(|c| c.value as f64).sum();
         self.greedy = false;
         self.entries.clear();
-        self.entries.extend(cands.iter().map(|c| (c.id, c.value)));
+        self.entries
+            .extend(cands.iter().map(|c| (c.id, (c.value as f64 / sum) as f32)));
         self.entries.sort_unstable_by_key(|&(id, _)| id);
     }
 

@@ -24,12 +24,15 @@
 //!
 //! # Cost
 //!
-//! No call sorts the vocabulary: greedy is one vectorised pass, top-k one pass with a k-sized
-//! heap that skips blocks below its worst entry, the softmax a vectorised pass with a branch-free
-//! `exp`, top-p a look at the best 64 tokens and otherwise a bisection on mass by partial
-//! selection, min-p a filter. Bias and penalties copy the row once and touch only the affected
-//! tokens. A `Sampler`'s buffers are reused, so it allocates only on
-//! its first call (and for the `top_logprobs` list when asked for).
+//! No call sorts the vocabulary. Greedy is one vectorised pass; top-k one pass with a k-sized
+//! heap that skips blocks below its worst entry; the softmax one vectorised pass with a
+//! branch-free `exp` (AVX2 when the CPU has it, same results either way); top-p looks at the
+//! best 64 tokens and, only when they hold too little mass, buckets the probabilities and
+//! partially sorts the one bucket where the mass crosses `top_p`; min-p is a filter. Bias and
+//! penalties copy the row once and touch only the affected tokens. A `Sampler`'s buffers are
+//! reused, so it allocates only on its first call (and for the `top_logprobs` list when asked
+//! for). Building a [`Distribution`] sorts the surviving candidates by id, which costs more when
+//! top-p keeps much of the vocabulary; only the speculative verifier needs one.
 
 mod distribution;
 mod kernels;

@@ -1,9 +1,10 @@
 //! Selection over one row of logits: top-k, softmax, top-p, min-p, and drawing a token.
 //!
 //! Everything works in a caller-owned candidate buffer and never sorts the whole vocabulary:
-//! top-k is one pass with a k-sized heap, top-p first tries the best 64 tokens and otherwise
-//! bisects on probability mass with partial selection, min-p is a filter on the same pass that
-//! computes the probabilities. Ties are always broken towards the lower token id.
+//! top-k is one pass with a k-sized heap; top-p first tries the best 64 tokens, and otherwise
+//! buckets the probabilities by their top bits and resolves only the bucket where the mass
+//! crosses `top_p` (by partial selection); min-p is a filter on the pass that computes the
+//! probabilities. Ties are always broken towards the lower token id.
 
 use std::cmp::Ordering;
 
@@ -19,7 +20,7 @@ pub(crate) struct Candidate {
     pub value: f32,
 }
 
-/// How many of the best tokens top-p looks at before falling back to bisection.
+/// How many of the best tokens top-p looks at first; also the size below which it just sorts.
 const NUCLEUS_FIRST_TRY: usize = 64;
 
 /// The order used everywhere: larger value first, then lower id.
@@ -94,10 +95,60 @@ fn sift_down(heap: &mut [Candidate], mut i: usize) {
 /// Keeps the smallest set of most likely candidates whose probability mass reaches `target`
 /// (ties by lower id), in no particular order; keeps all when rounding leaves it just short.
 ///
-/// Bisects on mass: partial selection splits the undecided range at its middle, and the half
-/// that holds the boundary is kept undecided, so the cost is about two partial selections.
+/// A long list is first bucketed by the top bits of each probability (for positive floats the
+/// bit pattern orders like the value): the buckets above the one where the running mass crosses
+/// `target` are kept whole, those below dropped, and only the crossing bucket is resolved by
+/// [`nucleus_after`].
 pub(crate) fn nucleus(cands: &mut Vec<Candidate>, target: f64) {
-    let (mut lo, mut hi, mut mass_above) = (0usize, cands.len(), 0.0f64);
+    const SHIFT: u32 = 19; // 8 exponent bits and 4 mantissa bits: 1/16-octave buckets
+    const NUM_BUCKETS: usize = 1 << (31 - SHIFT);
+    if cands.len() <= 8 * NUCLEUS_FIRST_TRY {
+        return nucleus_after(cands, 0, 0.0, target);
+    }
+    let bucket = |c: &Candidate| (c.value.to_bits() >> SHIFT) as usize;
+    let mut mass = [0.0f64; NUM_BUCKETS];
+    for c in cands.iter() {
+        mass[bucket(c)] += c.value as f64;
+    }
+    let mut mass_above = 0.0;
+    let Some(boundary) = (0..NUM_BUCKETS).rev().find(|&b| {
+        mass_above += mass[b];
+        mass_above >= target
+    }) else {
+        return; // rounding left the total just short of `target`: keep everything
+    };
+    mass_above -= mass[boundary];
+    // Drop the buckets below (branch-free compaction), then move the few entries of the crossing
+    // bucket behind the ones above it (two pointers, swapping only crossing-bucket entries).
+    let mut num_kept = 0;
+    for i in 0..cands.len() {
+        let c = cands[i];
+        cands[num_kept] = c;
+        num_kept += (bucket(&c) >= boundary) as usize;
+    }
+    cands.truncate(num_kept);
+    let (mut num_above, mut end) = (0, cands.len());
+    loop {
+        while num_above < end && bucket(&cands[num_above]) > boundary {
+            num_above += 1;
+        }
+        while num_above < end && bucket(&cands[end - 1]) == boundary {
+            end -= 1;
+        }
+        if num_above >= end {
+            break;
+        }
+        cands.swap(num_above, end - 1);
+    }
+    nucleus_after(cands, num_above, mass_above, target);
+}
+
+/// [`nucleus`] when `cands[..lo]` are known to beat the rest and to hold `mass_above < target`.
+///
+/// Bisects on mass: partial selection splits the undecided range at its middle, and the half
+/// that holds the boundary stays undecided, so the cost is about two partial selections.
+fn nucleus_after(cands: &mut Vec<Candidate>, mut lo: usize, mut mass_above: f64, target: f64) {
+    let mut hi = cands.len();
     // Invariant: cands[..lo] beat everything after them and hold mass_above < target;
     // cands[..hi] beat cands[hi..] and, unless hi == len, hold at least target.
     while hi - lo > NUCLEUS_FIRST_TRY {
@@ -128,18 +179,10 @@ pub(crate) fn drop_below(cands: &mut Vec<Candidate>, min_prob: f32) {
     cands.retain(|c| keeps(c.value, min_prob));
 }
 
-/// Scales the probabilities to sum to 1.
-pub(crate) fn renormalise(cands: &mut [Candidate]) {
-    let sum: f64 = cands.iter().map(|c| c.value as f64).sum();
-    let inv = (1.0 / sum) as f32;
-    for c in cands.iter_mut() {
-        c.value *= inv;
-    }
-}
-
 /// The processed distribution for `params` (not greedy) over `logits` into `cands`: top-k,
-/// temperature, softmax, top-p, min-p, renormalise. Every survivor has probability > 0. Leaves
-/// `cands` empty when no logit is live.
+/// temperature, softmax, top-p, min-p. The values are the softmax probabilities of the
+/// survivors, all > 0, *not* renormalised: [`draw`] does not need it and
+/// [`super::Distribution`] does it itself. Leaves `cands` empty when no logit is live.
 pub(crate) fn filtered_distribution(
     params: &SamplingParams,
     logits: &[f32],
@@ -151,32 +194,31 @@ pub(crate) fn filtered_distribution(
         Softmax::over_row(logits, params.temperature)
     } else {
         top_k_into(logits, k, cands);
-        Softmax::over(cands.iter().map(|c| c.value), params.temperature)
+        let softmax = Softmax::over(cands.iter().map(|c| c.value), params.temperature);
+        for c in cands.iter_mut() {
+            c.value = softmax.map_or(0.0, |s| s.prob(c.value));
+        }
+        softmax
     };
     let Some(softmax) = softmax else {
         cands.clear();
         return;
     };
-    // min-p's floor. Applying it while collecting, before top-p, gives the same set as after:
-    // nothing is renormalised in between and the nucleus is a most-likely prefix.
+    // min-p's floor. Applying it before top-p gives the same set as after: nothing is
+    // renormalised in between and the nucleus is a most-likely prefix.
     let min_prob = params.min_p * softmax.max_prob();
     let top_p = params.top_p as f64;
-    if !whole_row {
-        for c in cands.iter_mut() {
-            c.value = softmax.prob(c.value);
-        }
-    } else if !(top_p < 1.0 && try_small_nucleus(logits, &softmax, top_p, cands)) {
+    if whole_row && !(top_p < 1.0 && try_small_nucleus(logits, &softmax, top_p, cands)) {
         cands.clear();
         cands.reserve(logits.len());
-        softmax.for_each_kept(logits, min_prob, |id, value| {
-            cands.push(Candidate { id, value })
-        });
+        softmax.collect_kept(logits, min_prob, cands);
+    } else {
+        // At most max(k, 64) candidates, already turned into probabilities.
+        drop_below(cands, min_prob);
     }
     if top_p < 1.0 {
         nucleus(cands, top_p);
     }
-    drop_below(cands, min_prob);
-    renormalise(cands);
 }
 
 /// Top-p for the common peaked case: when the best [`NUCLEUS_FIRST_TRY`] tokens already hold
@@ -304,9 +346,32 @@ mod tests {
         }
 
         #[test]
+        fn nucleus_is_the_most_likely_prefix_reaching_the_mass(
+            weights in prop::collection::vec(0u32..40, 1..5000),
+            p in 0.01f64..=1.0,
+        ) {
+            // Coarse exponentially spaced values: many ties and many buckets.
+            let values: Vec<f32> = weights.iter().map(|&w| 0.8f32.powi(w as i32)).collect();
+            let sum: f64 = values.iter().map(|&v| v as f64).sum();
+            let mut cands: Vec<Candidate> = values.iter().enumerate()
+                .map(|(i, &v)| Candidate { id: i as u32, value: (v as f64 / sum) as f32 }).collect();
+            let mut sorted = cands.clone();
+            sorted.sort_unstable_by(better_first);
+            let prefix = |target: f64| {
+                let mut mass = 0.0;
+                sorted.iter().position(|c| { mass += c.value as f64; mass >= target })
+                    .map_or(sorted.len(), |i| i + 1)
+            };
+            nucleus(&mut cands, p);
+            let (lo, hi) = (prefix(p - 1e-9), prefix(p + 1e-9));
+            prop_assert!(cands.len() >= lo && cands.len() <= hi, "{} not in {lo}..={hi}", cands.len());
+            prop_assert_eq!(ids(&cands), ids(&sorted[..cands.len()]));
+        }
+
+        #[test]
         fn filtered_distribution_has_the_documented_mass_properties(
             logits in logits_strategy(),
-            k in 0i32..50,
+            k in prop_oneof![Just(0i32), 1i32..50],
             p in 0.05f32..=1.0,
             mp in 0.0f32..0.5,
             t in 0.1f32..2.0,
@@ -337,11 +402,17 @@ mod tests {
             prop_assert!(cands.len() >= lo && cands.len() <= hi, "kept {} not in {lo}..={hi}", cands.len());
             // the survivors are the best of the top-k set, in order
             prop_assert_eq!(ids(&cands), ids(&base[..cands.len()].iter().map(|&(id, value)| Candidate { id, value }).collect::<Vec<_>>()));
-            // renormalised: positive and summing to one
-            let total: f64 = cands.iter().map(|c| c.value as f64).sum();
-            prop_assert!((total - 1.0).abs() < 1e-5);
-            prop_assert!(cands.iter().all(|c| c.value > 0.0));
-            // kept mass before renormalising reaches p unless min-p cut it
+            // values are the softmax probabilities (not renormalised), all positive
+            let mut q_by_id = vec![0.0; logits.len()];
+            for &(id, q) in &probs {
+                q_by_id[id as usize] = q;
+            }
+            for c in &cands {
+                let q = q_by_id[c.id as usize];
+                prop_assert!(c.value > 0.0);
+                prop_assert!(q < 1e-30 || (c.value as f64 / q - 1.0).abs() < 1e-4, "{} vs {q}", c.value);
+            }
+            // the kept mass reaches p unless min-p cut it
             let kept: f64 = probs[..cands.len()].iter().map(|(_, q)| q).sum();
             prop_assert!(kept >= p as f64 - 1e-5 || mp > 0.0);
         }

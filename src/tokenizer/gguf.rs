@@ -57,7 +57,7 @@ pub fn load_tokenizer(model_path: &Path, content: &Content) -> Result<Tokenizer>
 
 /// Builds the tokenizer described by the `tokenizer.ggml.*` metadata of a GGUF file.
 pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
-    let vocab = GgufVocab::read(content)?;
+    let mut vocab = GgufVocab::read(content)?;
     let pre = PreTokenizerKind::from_name(&vocab.pre)?;
     let pipeline = Pipeline::for_kind(pre)?;
 
@@ -68,7 +68,7 @@ pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
         .map(|(id, token)| (token.clone(), id as u32))
         .collect();
     let bpe = BPE::builder()
-        .vocab_and_merges(bpe_vocab, vocab.merges.clone())
+        .vocab_and_merges(bpe_vocab, std::mem::take(&mut vocab.merges))
         .ignore_merges(pipeline.ignore_merges)
         .build()
         .map_err(|e| anyhow!("building the BPE model: {e}"))?;
@@ -138,7 +138,10 @@ impl GgufVocab {
             add_bos: optional_bool(content, "tokenizer.ggml.add_bos_token")?.unwrap_or(false),
             add_eos: optional_bool(content, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
             pre: match content.metadata.get("tokenizer.ggml.pre") {
-                Some(v) => v.to_string().map_err(|e| anyhow!("tokenizer.ggml.pre: {e}"))?.clone(),
+                Some(v) => v
+                    .to_string()
+                    .map_err(|e| anyhow!("tokenizer.ggml.pre: {e}"))?
+                    .clone(),
                 None => "gpt2".to_string(),
             },
             tokens,
@@ -193,21 +196,30 @@ impl Pipeline {
         Ok(match kind {
             PreTokenizerKind::Qwen2 => Self {
                 normalizer: Some(NFC.into()),
-                pre_tokenizer: split_then_byte_level(REGEX_QWEN2, ByteLevel::new(false, false, false))?,
+                pre_tokenizer: split_then_byte_level(
+                    REGEX_QWEN2,
+                    ByteLevel::new(false, false, false),
+                )?,
                 post_processor: ByteLevel::new(false, false, false).into(),
                 ignore_merges: false,
             },
             PreTokenizerKind::Llama3 | PreTokenizerKind::SmaugBpe => Self {
                 normalizer: None,
-                pre_tokenizer: split_then_byte_level(REGEX_LLAMA3, ByteLevel::new(false, true, false))?,
+                pre_tokenizer: split_then_byte_level(
+                    REGEX_LLAMA3,
+                    ByteLevel::new(false, true, false),
+                )?,
                 post_processor: ByteLevel::new(true, false, true).into(),
                 // llama.cpp sets ignore_merges for llama3 only, as its tokenizer.json does.
                 ignore_merges: kind == PreTokenizerKind::Llama3,
             },
             PreTokenizerKind::SmolLm => Self {
                 normalizer: None,
-                pre_tokenizer: Sequence::new(vec![Digits::new(true).into(), gpt2_byte_level.into()])
-                    .into(),
+                pre_tokenizer: Sequence::new(vec![
+                    Digits::new(true).into(),
+                    gpt2_byte_level.into(),
+                ])
+                .into(),
                 post_processor: ByteLevel::new(true, false, true).into(),
                 ignore_merges: false,
             },
@@ -302,7 +314,10 @@ fn add_vocab_tokens(tokenizer: &mut Tokenizer, vocab: &GgufVocab) -> Result<()> 
 
 fn string_value(content: &Content, key: &str) -> Result<String> {
     let value = required(content, key)?;
-    Ok(value.to_string().map_err(|e| anyhow!("{key}: {e}"))?.clone())
+    Ok(value
+        .to_string()
+        .map_err(|e| anyhow!("{key}: {e}"))?
+        .clone())
 }
 
 fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
@@ -372,7 +387,10 @@ mod tests {
     fn splits(kind: PreTokenizerKind, input: &str) -> Vec<String> {
         let pipeline = Pipeline::for_kind(kind).unwrap();
         let mut pre_tokenized = PreTokenizedString::from(input);
-        pipeline.pre_tokenizer.pre_tokenize(&mut pre_tokenized).unwrap();
+        pipeline
+            .pre_tokenizer
+            .pre_tokenize(&mut pre_tokenized)
+            .unwrap();
         pre_tokenized
             .get_splits(OffsetReferential::Original, OffsetType::Byte)
             .into_iter()
@@ -383,7 +401,10 @@ mod tests {
     #[test]
     fn qwen2_splits_single_digits_and_keeps_contractions() {
         let got = splits(PreTokenizerKind::Qwen2, "I'LL pay 123\n\n  x");
-        assert_eq!(got, ["I", "'LL", " pay", " ", "1", "2", "3", "\n\n", " ", " x"]);
+        assert_eq!(
+            got,
+            ["I", "'LL", " pay", " ", "1", "2", "3", "\n\n", " ", " x"]
+        );
     }
 
     #[test]
@@ -400,7 +421,9 @@ mod tests {
 
     #[test]
     fn unknown_pre_tokenizer_is_refused_by_name() {
-        let err = PreTokenizerKind::from_name("falcon").unwrap_err().to_string();
+        let err = PreTokenizerKind::from_name("falcon")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`falcon`"), "{err}");
     }
 }

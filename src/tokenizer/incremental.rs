@@ -106,9 +106,72 @@ impl IncrementalDecoder {
 
 /// The part of `full` after `prefix`, when `full` really extends it at a char boundary.
 fn new_text<'a>(prefix: &str, full: &'a str) -> Option<&'a str> {
-    if full.starts_with(prefix) {
-        return Some(&full[prefix.len()..]);
+    // When a decoder rewrote the prefix (rare), emit from the same byte offset if that is valid.
+    full.strip_prefix(prefix)
+        .or_else(|| full.get(prefix.len()..))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+    /// A byte-level BPE without merges: one token per byte, so every non-ASCII character
+    /// spans several tokens.
+    fn bytes_tokenizer() -> Tokenizer {
+        let vocab = ByteLevel::alphabet()
+            .into_iter()
+            .enumerate()
+            .map(|(id, c)| (c.to_string(), id as u32))
+            .collect::<tokenizers::models::bpe::Vocab>();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, vec![])
+            .build()
+            .unwrap();
+        let mut tok = Tokenizer::new(bpe);
+        tok.with_pre_tokenizer(Some(ByteLevel::new(false, false, false)));
+        tok.with_decoder(Some(ByteLevelDecoder::default()));
+        tok
     }
-    // A decoder rewrote the prefix (rare): emit from the same byte offset if that is valid.
-    full.get(prefix.len()..)
+
+    #[test]
+    fn multibyte_characters_are_emitted_whole() {
+        let tok = bytes_tokenizer();
+        let ids = tok.encode("a€😀", false).unwrap().get_ids().to_vec();
+        assert_eq!(ids.len(), 8);
+        let mut decoder = IncrementalDecoder::new(false);
+        let deltas: Vec<Option<String>> = ids.iter().map(|&id| decoder.push(&tok, id)).collect();
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            deltas,
+            [
+                some("a"),
+                None,
+                None,
+                some("€"),
+                None,
+                None,
+                None,
+                some("😀")
+            ]
+        );
+        assert_eq!(decoder.finish(&tok), None);
+    }
+
+    #[test]
+    fn finish_flushes_an_incomplete_character_as_replacement() {
+        let tok = bytes_tokenizer();
+        let ids = tok.encode("x😀", false).unwrap().get_ids().to_vec();
+        let mut decoder = IncrementalDecoder::new(false);
+        let text: String = ids[..3]
+            .iter()
+            .filter_map(|&id| decoder.push(&tok, id))
+            .collect();
+        assert_eq!(text, "x");
+        assert_eq!(decoder.num_pending(), 2);
+        assert_eq!(decoder.finish(&tok).as_deref(), Some("\u{FFFD}"));
+        assert_eq!(decoder.num_pending(), 0);
+    }
 }

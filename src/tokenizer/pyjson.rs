@@ -39,12 +39,19 @@ pub(crate) fn dumps(value: &Value, style: &JsonStyle) -> Result<String, Error> {
     Ok(out)
 }
 
-fn write_value(out: &mut String, value: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
+fn write_value(
+    out: &mut String,
+    value: &Value,
+    style: &JsonStyle,
+    depth: usize,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => write_number(out, value)?,
-        ValueKind::String => write_string(out, value.as_str().unwrap_or_default(), style.ensure_ascii),
+        ValueKind::String => {
+            write_string(out, value.as_str().unwrap_or_default(), style.ensure_ascii)
+        }
         ValueKind::Map => write_map(out, value, style, depth)?,
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
@@ -156,7 +163,11 @@ pub(crate) fn python_float_repr(x: f64) -> String {
     let sign = if x.is_sign_negative() { "-" } else { "" };
     if !(-4..16).contains(&exp) {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let frac = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
         let exp_sign = if exp < 0 { '-' } else { '+' };
         return format!("{sign}{first}{frac}e{exp_sign}{:02}", exp.abs());
     }
@@ -211,13 +222,19 @@ mod tests {
 
     #[test]
     fn default_separators_match_python() {
-        let got = dumps_json(r#"{"a": [1, 2.5, true, null], "b": "x"}"#, &JsonStyle::new(None));
+        let got = dumps_json(
+            r#"{"a": [1, 2.5, true, null], "b": "x"}"#,
+            &JsonStyle::new(None),
+        );
         assert_eq!(got, r#"{"a": [1, 2.5, true, null], "b": "x"}"#);
     }
 
     #[test]
     fn indent_uses_comma_without_space_and_keeps_empty_containers_short() {
-        let got = dumps_json(r#"{"a": [1, {}], "b": []}"#, &JsonStyle::new(Some("  ".into())));
+        let got = dumps_json(
+            r#"{"a": [1, {}], "b": []}"#,
+            &JsonStyle::new(Some("  ".into())),
+        );
         assert_eq!(got, "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}");
     }
 
@@ -230,7 +247,10 @@ mod tests {
             ensure_ascii: true,
             ..JsonStyle::new(None)
         };
-        assert_eq!(dumps(&Value::from("é😀"), &ascii).unwrap(), r#""\u00e9\ud83d\ude00""#);
+        assert_eq!(
+            dumps(&Value::from("é😀"), &ascii).unwrap(),
+            r#""\u00e9\ud83d\ude00""#
+        );
     }
 
     #[test]

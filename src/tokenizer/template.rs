@@ -71,15 +71,28 @@ impl ChatTemplate {
                 .iter()
                 .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
                 .collect(),
-            other => return Err(anyhow!("template extra variables must be an object, not {other}")),
+            other => {
+                return Err(anyhow!(
+                    "template extra variables must be an object, not {other}"
+                ))
+            }
         };
         vars.retain(|(k, _)| {
-            !matches!(k.as_str(), "messages" | "tools" | "documents" | "add_generation_prompt")
+            !matches!(
+                k.as_str(),
+                "messages" | "tools" | "documents" | "add_generation_prompt"
+            )
         });
         vars.push(("messages".into(), Value::from_serialize(messages)));
-        vars.push(("tools".into(), tools.map_or(Value::from(()), Value::from_serialize)));
+        vars.push((
+            "tools".into(),
+            tools.map_or(Value::from(()), Value::from_serialize),
+        ));
         vars.push(("documents".into(), Value::from(())));
-        vars.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
+        vars.push((
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        ));
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -106,13 +119,19 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
         Some(v) if v.is_none() => None,
         Some(v) if v.is_integer() => Some(" ".repeat(usize::try_from(v)?)),
         Some(v) => Some(v.as_str().map(str::to_string).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: indent must be an int or a string",
+            )
         })?),
     };
     let mut style = JsonStyle::new(indent);
     if let Some(separators) = kwargs.get::<Option<Vec<String>>>("separators")? {
         let [item, key]: [String; 2] = separators.try_into().map_err(|_| {
-            Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            )
         })?;
         style.item_separator = item;
         style.key_separator = key;
@@ -133,11 +152,27 @@ fn strftime_now(format: &str) -> String {
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
 const WEEKDAYS: [&str; 7] = [
-    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
 ];
 
 /// Formats a Unix time (UTC) with the common C `strftime` directives, including glibc's `%-d`
@@ -238,7 +273,9 @@ fn replace_generation_tags(source: &str) -> String {
             break;
         };
         let inner = &tag[2..end];
-        let body = inner.trim_start_matches(['-', '+']).trim_end_matches(['-', '+']);
+        let body = inner
+            .trim_start_matches(['-', '+'])
+            .trim_end_matches(['-', '+']);
         let replacement = match body.trim() {
             "generation" => Some("if true"),
             "endgeneration" => Some("endif"),
@@ -267,19 +304,34 @@ mod tests {
     }
 
     #[test]
+    fn templates_and_tokenizers_can_be_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
+        assert_send_sync::<tokenizers::Tokenizer>();
+    }
+
+    #[test]
     fn strftime_formats_known_instants() {
         // 2024-02-29 13:05:09 UTC, a Thursday.
         let t = 1_709_211_909;
         assert_eq!(strftime_utc(t, "%Y-%m-%d %H:%M:%S"), "2024-02-29 13:05:09");
         assert_eq!(strftime_utc(t, "%d %b %Y"), "29 Feb 2024");
-        assert_eq!(strftime_utc(t, "%A, %B %-d, %I %p, day %j"), "Thursday, February 29, 01 PM, day 060");
-        assert_eq!(strftime_utc(0, "%a %F %T %Z %%"), "Thu 1970-01-01 00:00:00 UTC %");
+        assert_eq!(
+            strftime_utc(t, "%A, %B %-d, %I %p, day %j"),
+            "Thursday, February 29, 01 PM, day 060"
+        );
+        assert_eq!(
+            strftime_utc(0, "%a %F %T %Z %%"),
+            "Thu 1970-01-01 00:00:00 UTC %"
+        );
     }
 
     #[test]
     fn raise_exception_fails_the_render_with_its_message() {
         let template = ChatTemplate::new("{{ raise_exception('no system role') }}").unwrap();
-        let err = template.render(&json!([]), None, false, &json!({})).unwrap_err();
+        let err = template
+            .render(&json!([]), None, false, &json!({}))
+            .unwrap_err();
         assert!(format!("{err:#}").contains("no system role"), "{err:#}");
     }
 
@@ -311,7 +363,8 @@ mod tests {
 
     #[test]
     fn generation_tags_render_their_body() {
-        let source = "{%- generation -%} x {%- endgeneration %}|{% generation %}y{% endgeneration %}";
+        let source =
+            "{%- generation -%} x {%- endgeneration %}|{% generation %}y{% endgeneration %}";
         assert_eq!(render(source, json!([])), "x|y");
     }
 

@@ -12,7 +12,9 @@ use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, TokenizerBuilder, TokenizerImpl};
+use tokenizers::{
+    DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, TokenizerBuilder, TokenizerImpl,
+};
 
 const CHAT_TEMPLATE: &str = include_str!("chat_template.jinja");
 const CORPUS: &str = include_str!("corpus.txt");
@@ -156,7 +158,9 @@ fn train_vocab(vocab_size: usize) -> Result<Vocab> {
 /// them private; its serialised form lists them in order.
 fn merges_of(model: &BPE) -> Result<Vec<String>> {
     let json = serde_json::to_value(model)?;
-    let merges = json["merges"].as_array().context("BPE model has no merges")?;
+    let merges = json["merges"]
+        .as_array()
+        .context("BPE model has no merges")?;
     merges
         .iter()
         .map(|m| match m {
@@ -181,7 +185,10 @@ fn metadata(spec: &TestModelSpec, vocab: &Vocab) -> Vec<(String, Value)> {
     let a = |k: &str| format!("qwen3.{k}");
     vec![
         ("general.architecture".into(), Value::String("qwen3".into())),
-        ("general.name".into(), Value::String("mtpx-test-model".into())),
+        (
+            "general.name".into(),
+            Value::String("mtpx-test-model".into()),
+        ),
         (a("block_count"), u32v(spec.layers + spec.mtp_depth)),
         (a("nextn_predict_layers"), u32v(spec.mtp_depth)),
         (a("context_length"), u32v(spec.context_length)),
@@ -215,7 +222,10 @@ fn metadata(spec: &TestModelSpec, vocab: &Vocab) -> Vec<(String, Value)> {
             Value::U32(special_id(vocab, "<|endoftext|>")),
         ),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-        ("tokenizer.chat_template".into(), Value::String(CHAT_TEMPLATE.into())),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(CHAT_TEMPLATE.into()),
+        ),
     ]
 }
 
@@ -242,8 +252,13 @@ impl Init {
 
     /// A norm weight near 1.
     fn norm(&mut self, n: usize) -> Result<QTensor> {
-        let data: Vec<f32> = (0..n).map(|_| 1.0 + self.rng.random_range(-0.1..0.1)).collect();
-        Ok(QTensor::quantize(&Tensor::from_vec(data, n, &Device::Cpu)?, GgmlDType::F32)?)
+        let data: Vec<f32> = (0..n)
+            .map(|_| 1.0 + self.rng.random_range(-0.1..0.1))
+            .collect();
+        Ok(QTensor::quantize(
+            &Tensor::from_vec(data, n, &Device::Cpu)?,
+            GgmlDType::F32,
+        )?)
     }
 }
 
@@ -259,13 +274,22 @@ fn block_tensors(
     out.push((n("attn_q.weight"), init.matrix(spec.heads * hd, h, 1.0)?));
     out.push((n("attn_k.weight"), init.matrix(spec.kv_heads * hd, h, 1.0)?));
     out.push((n("attn_v.weight"), init.matrix(spec.kv_heads * hd, h, 1.0)?));
-    out.push((n("attn_output.weight"), init.matrix(h, spec.heads * hd, 0.5)?));
+    out.push((
+        n("attn_output.weight"),
+        init.matrix(h, spec.heads * hd, 0.5)?,
+    ));
     out.push((n("attn_q_norm.weight"), init.norm(hd)?));
     out.push((n("attn_k_norm.weight"), init.norm(hd)?));
     out.push((n("ffn_norm.weight"), init.norm(h)?));
-    out.push((n("ffn_gate.weight"), init.matrix(spec.intermediate, h, 1.0)?));
+    out.push((
+        n("ffn_gate.weight"),
+        init.matrix(spec.intermediate, h, 1.0)?,
+    ));
     out.push((n("ffn_up.weight"), init.matrix(spec.intermediate, h, 1.0)?));
-    out.push((n("ffn_down.weight"), init.matrix(h, spec.intermediate, 0.5)?));
+    out.push((
+        n("ffn_down.weight"),
+        init.matrix(h, spec.intermediate, 0.5)?,
+    ));
     Ok(())
 }
 
@@ -277,7 +301,10 @@ fn random_tensors(spec: &TestModelSpec, vocab: usize) -> Result<Vec<(String, QTe
     let h = spec.hidden;
     let mut out = Vec::new();
     // Embeddings of unit scale; a sharp output layer so greedy decoding is not degenerate.
-    out.push(("token_embd.weight".into(), init.matrix(vocab, h, (h as f32 / 3.0).sqrt())?));
+    out.push((
+        "token_embd.weight".into(),
+        init.matrix(vocab, h, (h as f32 / 3.0).sqrt())?,
+    ));
     for i in 0..spec.layers {
         block_tensors(&mut init, spec, i, &mut out)?;
     }
@@ -286,10 +313,16 @@ fn random_tensors(spec: &TestModelSpec, vocab: usize) -> Result<Vec<(String, QTe
     for d in 0..spec.mtp_depth {
         let i = spec.layers + d;
         block_tensors(&mut init, spec, i, &mut out)?;
-        out.push((format!("blk.{i}.nextn.eh_proj.weight"), init.matrix(h, 2 * h, 1.0)?));
+        out.push((
+            format!("blk.{i}.nextn.eh_proj.weight"),
+            init.matrix(h, 2 * h, 1.0)?,
+        ));
         out.push((format!("blk.{i}.nextn.enorm.weight"), init.norm(h)?));
         out.push((format!("blk.{i}.nextn.hnorm.weight"), init.norm(h)?));
-        out.push((format!("blk.{i}.nextn.shared_head_norm.weight"), init.norm(h)?));
+        out.push((
+            format!("blk.{i}.nextn.shared_head_norm.weight"),
+            init.norm(h)?,
+        ));
     }
     Ok(out)
 }

@@ -1,0 +1,159 @@
+//! `mtpx bench`: the figures BENCHMARKS.md records for one model, measured in one process so
+//! their ratios hold even on a noisy machine.
+//!
+//! - prefill tok/s for a 512-token prompt;
+//! - decode tok/s over 256 tokens (greedy) after that prompt;
+//! - decode tok/s at 16K context (the context is filled with synthetic K/V, not prefilled);
+//! - the time of a 9-row verify step relative to a 1-row decode step;
+//! - peak RSS.
+
+use super::ModelArgs;
+use crate::config::peak_rss_bytes;
+use crate::model::ModelBundle;
+use crate::pull::resolve_model;
+use crate::runner::{argmax, SingleSequence};
+use anyhow::Result;
+use clap::Args;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 256)]
+    pub decode_tokens: usize,
+    /// Context for the long-context decode figure (0 skips it).
+    #[arg(long, default_value_t = 16_384)]
+    pub long_context: usize,
+    /// Rows of the verify step compared with a 1-row decode step.
+    #[arg(long, default_value_t = 9)]
+    pub verify_rows: usize,
+    /// Repetitions of the short steps (verify and decode) whose median is reported.
+    #[arg(long, default_value_t = 16)]
+    pub repeats: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const BENCH_TEXT: &str = include_str!("../model/test_model/corpus.txt");
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Median time of `step` over `repeats` runs on `seq`, restoring its length after each.
+fn time_steps(
+    seq: &mut SingleSequence,
+    tokens: &[u32],
+    all_logits: bool,
+    repeats: usize,
+) -> Result<Duration> {
+    let base = seq.len();
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let t = Instant::now();
+        seq.append(tokens, tokens.len(), all_logits)?;
+        times.push(t.elapsed());
+        seq.truncate(base)?;
+    }
+    Ok(median(times))
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    let path = resolve_model(&args.model.model, true)?;
+    let bundle = ModelBundle::load(&path)?;
+    let model = &bundle.transformer;
+    let mut prompt = Vec::new();
+    while prompt.len() < args.prompt_tokens {
+        prompt.extend(bundle.encode(BENCH_TEXT)?);
+    }
+    prompt.truncate(args.prompt_tokens);
+    let (page, dtype) = (args.model.page_size, args.model.kv_dtype);
+
+    let capacity = args.prompt_tokens + args.decode_tokens + args.verify_rows + 1;
+    let mut seq = SingleSequence::new(model, capacity, page, dtype);
+    let t = Instant::now();
+    let mut logits = seq.append(&prompt, 512, false)?;
+    let prefill = t.elapsed();
+
+    let t = Instant::now();
+    for _ in 0..args.decode_tokens {
+        logits = seq.append(&[argmax(&logits)], 1, false)?;
+    }
+    let decode = t.elapsed();
+
+    let next = argmax(&logits);
+    let verify_tokens = vec![next; args.verify_rows];
+    let one_row = time_steps(&mut seq, &[next], false, args.repeats)?;
+    let verify = time_steps(&mut seq, &verify_tokens, true, args.repeats)?;
+
+    let long = if args.long_context > 0 {
+        let mut long_seq = SingleSequence::new(model, args.long_context + 2, page, dtype);
+        long_seq.fill_synthetic(args.long_context, next)?;
+        Some(time_steps(&mut long_seq, &[next], false, args.repeats)?)
+    } else {
+        None
+    };
+
+    let short_decode_tps = args.decode_tokens as f64 / decode.as_secs_f64();
+    let report = serde_json::json!({
+        "model": path.display().to_string(),
+        "threads": rayon::current_num_threads(),
+        "kv_dtype": format!("{dtype:?}").to_lowercase(),
+        "prefill_tokens": args.prompt_tokens,
+        "prefill_tok_s": args.prompt_tokens as f64 / prefill.as_secs_f64(),
+        "decode_tokens": args.decode_tokens,
+        "decode_tok_s": short_decode_tps,
+        "decode_step_ms": one_row.as_secs_f64() * 1e3,
+        "verify_rows": args.verify_rows,
+        "verify_step_ms": verify.as_secs_f64() * 1e3,
+        "verify_over_decode": verify.as_secs_f64() / one_row.as_secs_f64(),
+        "long_context": args.long_context,
+        "long_context_decode_tok_s": long.map(|d| 1.0 / d.as_secs_f64()),
+        "long_over_short_decode": long.map(|d| (1.0 / d.as_secs_f64()) / short_decode_tps),
+        "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(r: &serde_json::Value) {
+    let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
+    println!(
+        "model                      {}",
+        r["model"].as_str().unwrap_or("?")
+    );
+    println!("threads                    {}", r["threads"]);
+    println!(
+        "prefill ({} tok)          {} tok/s",
+        r["prefill_tokens"],
+        f("prefill_tok_s")
+    );
+    println!(
+        "decode ({} tok)           {} tok/s",
+        r["decode_tokens"],
+        f("decode_tok_s")
+    );
+    println!(
+        "decode at {} ctx        {} tok/s ({}x of short)",
+        r["long_context"],
+        f("long_context_decode_tok_s"),
+        f("long_over_short_decode")
+    );
+    println!(
+        "verify step ({} rows)       {} ms vs decode step {} ms: {}x",
+        r["verify_rows"],
+        f("verify_step_ms"),
+        f("decode_step_ms"),
+        f("verify_over_decode")
+    );
+    println!("peak RSS                   {} MiB", f("peak_rss_mib"));
+}

@@ -1,0 +1,79 @@
+//! A model as the rest of mtpx uses it: weights plus the tokenizer, chat template and stop
+//! tokens that come from the same GGUF file.
+
+use super::Transformer;
+use crate::tokenizer::{load_tokenizer, ChatTemplate};
+use anyhow::{Context, Result};
+use candle_core::quantized::gguf_file::{Content, Value};
+use std::path::{Path, PathBuf};
+use tokenizers::Tokenizer;
+
+pub struct ModelBundle {
+    pub path: PathBuf,
+    pub transformer: Transformer,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// Tokens that end a reply: the file's eos plus the chat end-of-turn markers it has.
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl ModelBundle {
+    pub fn load(path: &Path) -> Result<Self> {
+        let (transformer, content) = Transformer::load(path)?;
+        let tokenizer = load_tokenizer(path, &content)
+            .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+        let template = ChatTemplate::from_gguf(&content)?;
+        let stop_token_ids = stop_token_ids(&content, &tokenizer);
+        Ok(Self {
+            path: path.to_path_buf(),
+            transformer,
+            tokenizer,
+            template,
+            stop_token_ids,
+        })
+    }
+
+    /// Renders a single-turn chat (optional system prompt) into prompt token ids.
+    pub fn encode_chat(&self, system: Option<&str>, user: &str) -> Result<Vec<u32>> {
+        let mut messages = Vec::new();
+        if let Some(system) = system {
+            messages.push(serde_json::json!({"role": "system", "content": system}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": user}));
+        let text = match &self.template {
+            Some(t) => t.render(
+                &serde_json::Value::Array(messages),
+                None,
+                true,
+                &serde_json::json!({}),
+            )?,
+            None => user.to_string(),
+        };
+        self.encode(&text)
+    }
+
+    /// Tokenizes text as-is (special-token text becomes special tokens; nothing is added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .tokenizer
+            .encode(text, false)
+            .map_err(anyhow::Error::msg)?
+            .get_ids()
+            .to_vec())
+    }
+}
+
+fn stop_token_ids(content: &Content, tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut ids = Vec::new();
+    if let Some(Value::U32(eos)) = content.metadata.get("tokenizer.ggml.eos_token_id") {
+        ids.push(*eos);
+    }
+    for marker in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"] {
+        if let Some(id) = tokenizer.token_to_id(marker) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    ids
+}
