@@ -325,6 +325,24 @@ mod tests {
     }
 
     #[test]
+    fn the_avx2_path_gives_bit_identical_results() {
+        let row: Vec<f32> = (0..10_007)
+            .map(|i| ((i * 7919) % 4001) as f32 * 0.01 - 20.0)
+            .collect();
+        let softmax = Softmax::over_row(&row, 0.7).unwrap();
+        let (max, inv_t) = (max_live(&row).unwrap(), 1.0 / 0.7);
+        let dispatched = sum_unnormalised(&row, max, inv_t);
+        assert_eq!(
+            dispatched.to_bits(),
+            sum_unnormalised_lanes(&row, max, inv_t).to_bits()
+        );
+        let (mut dispatched, mut portable) = (Vec::new(), Vec::new());
+        softmax.collect_kept(&row, 1e-9, &mut dispatched);
+        softmax.collect_kept_lanes(&row, 1e-9, &mut portable);
+        assert_eq!(dispatched, portable);
+    }
+
+    #[test]
     fn infinities_and_nans_follow_the_conventions() {
         let row = [f32::NAN, 1.0, f32::INFINITY, f32::NEG_INFINITY];
         let softmax = Softmax::over_row(&row, 1.0).unwrap();
