@@ -13,4 +13,5 @@ pub mod model;
 pub mod pull;
 pub mod runner;
 pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;

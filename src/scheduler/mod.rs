@@ -1,0 +1,8 @@
+//! The scheduler: the only place where batches are decided. The decision itself is the pure
+//! function [`plan::plan_step`]; the actor around it executes plans.
+
+pub mod plan;
+pub mod sequence;
+
+pub use plan::{plan_step, Grant, SchedulerConfig, StepPlan};
+pub use sequence::{SeqId, Sequence};

@@ -1,0 +1,164 @@
+//! The forward pass against an independent reference: a short numpy implementation of the
+//! llama / qwen2 architectures (`tests/reference/forward.py`) that reads the same GGUF files
+//! with the `gguf` PyPI package. Needs the pulled models and the Python venv that
+//! `tests/run.sh` sets up (`MTPX_PYTHON`, default `.venv/bin/python`).
+
+use mtpx::kv::KvDtype;
+use mtpx::model::ModelBundle;
+use mtpx::runner::{argmax, SingleSequence};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TEXT: &str = include_str!("fixtures/tokenizer/corpus.txt");
+
+fn model_path(name: &str) -> PathBuf {
+    let home = std::env::var_os("MTPX_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx"));
+    let path = home.join("models").join(format!("{name}.gguf"));
+    assert!(
+        path.exists(),
+        "{} is missing: run `mtpx pull {name}` (tests/run.sh does)",
+        path.display()
+    );
+    path
+}
+
+fn python() -> PathBuf {
+    let python = std::env::var_os("MTPX_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    assert!(
+        python.exists(),
+        "no Python venv at {}: run `bash tests/run.sh` once (it creates it)",
+        python.display()
+    );
+    python
+}
+
+fn run_reference(model: &Path, tokens: &[u32], extra: &[&str]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("ids.json");
+    std::fs::write(&ids, serde_json::to_string(tokens).unwrap()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/forward.py");
+    let out = dir.path().join("out.npy");
+    let output = Command::new(python())
+        .arg(script)
+        .arg("--model")
+        .arg(model)
+        .arg("--tokens-file")
+        .arg(&ids)
+        .arg("--out")
+        .arg(&out)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "reference failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    if extra.contains(&"greedy") {
+        output.stdout
+    } else {
+        std::fs::read(&out).unwrap()
+    }
+}
+
+/// Parses a little-endian float32 `.npy` file into (shape, data).
+fn read_npy_f32(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
+    assert_eq!(&bytes[..6], b"\x93NUMPY", "not an npy file");
+    let (header_len, start) = if bytes[6] == 1 {
+        (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10)
+    } else {
+        (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        )
+    };
+    let header = std::str::from_utf8(&bytes[start..start + header_len]).unwrap();
+    assert!(header.contains("'<f4'"), "expected float32: {header}");
+    assert!(header.contains("'fortran_order': False"));
+    let shape_text = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let data = bytes[start + header_len..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (shape, data)
+}
+
+fn teacher_forced_parity(name: &str) {
+    let path = model_path(name);
+    let bundle = ModelBundle::load(&path).unwrap();
+    let mut tokens = bundle.encode(TEXT).unwrap();
+    tokens.truncate(256);
+    assert_eq!(tokens.len(), 256);
+    let vocab = bundle.transformer.config.vocab_size;
+
+    let mut seq = SingleSequence::new(&bundle.transformer, 256, 16, KvDtype::F32);
+    let ours = seq.append(&tokens, 64, true).unwrap();
+    let (shape, reference) = read_npy_f32(&run_reference(&path, &tokens, &["--mode", "logits"]));
+    assert_eq!(shape, vec![256, vocab]);
+
+    let mut agree = 0;
+    let mut max_delta = 0f32;
+    for pos in 0..256 {
+        let a = &ours[pos * vocab..(pos + 1) * vocab];
+        let b = &reference[pos * vocab..(pos + 1) * vocab];
+        agree += usize::from(argmax(a) == argmax(b));
+        for (x, y) in a.iter().zip(b) {
+            max_delta = max_delta.max((x - y).abs());
+        }
+    }
+    let agreement = agree as f64 / 256.0;
+    println!("{name}: top-1 agreement {agreement:.4}, max |Δlogit| {max_delta:.4}");
+    assert!(agreement >= 0.99, "{name}: top-1 agreement {agreement}");
+}
+
+#[test]
+fn smollm2_matches_the_numpy_reference_teacher_forced() {
+    teacher_forced_parity("smollm2-135m");
+}
+
+#[test]
+fn qwen_coder_0_5b_matches_the_numpy_reference_teacher_forced() {
+    teacher_forced_parity("qwen2.5-coder-0.5b");
+}
+
+#[test]
+fn qwen_coder_0_5b_greedy_chat_equals_the_numpy_reference() {
+    let path = model_path("qwen2.5-coder-0.5b");
+    let bundle = ModelBundle::load(&path).unwrap();
+    let prompt = bundle
+        .encode_chat(
+            Some("You are a helpful assistant."),
+            "Write a Python function that adds two numbers.",
+        )
+        .unwrap();
+    let mut seq = SingleSequence::new(&bundle.transformer, prompt.len() + 40, 16, KvDtype::F32);
+    let mut logits = seq.append(&prompt, 512, false).unwrap();
+    let mut ours = Vec::new();
+    for _ in 0..32 {
+        let t = argmax(&logits);
+        ours.push(t);
+        logits = seq.append(&[t], 1, false).unwrap();
+    }
+    let stdout = run_reference(
+        &path,
+        &prompt,
+        &["--mode", "greedy", "--steps", "32", "--ignore-eos"],
+    );
+    let reference: Vec<u32> = serde_json::from_slice(&stdout).unwrap();
+    println!("ours: {}", bundle.tokenizer.decode(&ours, false).unwrap());
+    assert_eq!(ours, reference);
+}
