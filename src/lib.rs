@@ -14,4 +14,5 @@ pub mod pull;
 pub mod runner;
 pub mod sampling;
 pub mod scheduler;
+pub mod session;
 pub mod tokenizer;

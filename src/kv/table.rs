@@ -53,14 +53,29 @@ impl PageTable {
     /// Shrinks to `new_len` positions (speculative rollback, divergent tail), returning pages
     /// that became empty to the pool. Growing through `truncate` is a no-op.
     pub fn truncate(&mut self, new_len: usize, pool: &mut PagePool) -> Result<(), KvError> {
+        let emptied = self.cut(new_len, pool.page_size());
+        pool.release_all(&emptied)
+    }
+
+    /// Adds pages granted by a pool owned elsewhere (the page pool actor) and counts `num_new`
+    /// more positions as filled. The caller asked for `pages_needed(num_new)` pages.
+    pub fn push_granted(&mut self, page_ids: &[PageId], num_new: usize, page_size: usize) {
+        self.page_ids.extend_from_slice(page_ids);
+        self.len += num_new;
+        debug_assert!(self.len <= self.capacity(page_size));
+    }
+
+    /// Shrinks to `new_len` positions and hands back the pages that became empty; the caller
+    /// returns them to whichever pool granted them.
+    #[must_use = "the emptied pages must be released to the pool"]
+    pub fn cut(&mut self, new_len: usize, page_size: usize) -> Vec<PageId> {
         if new_len >= self.len {
-            return Ok(());
+            return Vec::new();
         }
-        let keep = new_len.div_ceil(pool.page_size());
-        pool.release_all(&self.page_ids[keep..])?;
-        self.page_ids.truncate(keep);
+        let keep = new_len.div_ceil(page_size);
+        let emptied = self.page_ids.split_off(keep);
         self.len = new_len;
-        Ok(())
+        emptied
     }
 
     /// Returns every page to the pool.

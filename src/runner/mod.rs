@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod single;
+pub mod worker;
 
 pub use batch::{ForwardOutput, OutputRow, OutputRows, SeqStep};
 pub use single::{argmax, SingleSequence};

@@ -14,6 +14,7 @@
 //! tokens (e.g. Qwen's `<tool_call>`) are never split either but are always decoded, because
 //! tool-call parsing downstream needs to see them.
 
+pub mod actor;
 mod gguf;
 mod incremental;
 mod pyjson;

@@ -1,0 +1,417 @@
+//! The scheduler actor: holds every admitted sequence, decides each step with
+//! [`plan_step`](super::plan::plan_step), asks sessions for the pages the step needs, runs the
+//! step on the model worker, samples, and streams committed tokens to each request.
+//!
+//! One step is in flight at a time. Cancellation is a closed event channel, noticed when the
+//! next step is planned; the sequence's pages go back at once.
+
+use super::events::{FinishReason, SeqEvent, Usage};
+use super::plan::{plan_step, Grant, SchedulerConfig, StepPlan};
+use super::sequence::{SeqId, Sequence};
+use crate::error::{EngineError, KvError};
+use crate::kv::pool_actor::{GetPoolStats, PagePoolActor};
+use crate::kv::PageId;
+use crate::runner::batch::{ForwardOutput, OutputRows};
+use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep};
+use crate::sampling::{Sampler, TokenHistory};
+use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
+use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor};
+use actix::prelude::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// An admitted request, as the engine hands it over.
+pub struct Submission {
+    pub tokens: Vec<u32>,
+    pub cached_tokens: usize,
+    pub num_pages: usize,
+    pub max_tokens: usize,
+    pub priority: i32,
+    pub sampler: Sampler,
+    pub session: Addr<SessionActor>,
+    /// A throwaway session (no session id): its pages are released when the turn ends.
+    pub ephemeral: bool,
+    pub events: UnboundedSender<SeqEvent>,
+}
+
+struct Active {
+    seq: Sequence,
+    running: bool,
+    sub: Submission,
+    page_ids: Vec<PageId>,
+    admitted_at: Instant,
+    first_token_at: Option<Instant>,
+}
+
+pub struct SchedulerActor {
+    cfg: SchedulerConfig,
+    max_queue: usize,
+    context_window: usize,
+    stop_token_ids: Vec<u32>,
+    worker: Addr<ModelWorker>,
+    pool: Addr<PagePoolActor>,
+    registry: Addr<SessionRegistry>,
+    active: HashMap<SeqId, Active>,
+    next_id: SeqId,
+    step_in_flight: bool,
+    stats: SchedulerStats,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct SchedulerStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub num_steps: u64,
+    pub num_preemptions: u64,
+    pub prompt_tokens_computed: u64,
+    pub tokens_generated: u64,
+}
+
+pub struct SchedulerParts {
+    pub cfg: SchedulerConfig,
+    pub max_queue: usize,
+    pub context_window: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub worker: Addr<ModelWorker>,
+    pub pool: Addr<PagePoolActor>,
+    pub registry: Addr<SessionRegistry>,
+}
+
+impl SchedulerActor {
+    pub fn new(p: SchedulerParts) -> Self {
+        Self {
+            cfg: p.cfg,
+            max_queue: p.max_queue,
+            context_window: p.context_window,
+            stop_token_ids: p.stop_token_ids,
+            worker: p.worker,
+            pool: p.pool,
+            registry: p.registry,
+            active: HashMap::new(),
+            next_id: 0,
+            step_in_flight: false,
+            stats: SchedulerStats::default(),
+        }
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.active.values().filter(|a| !a.running).count()
+    }
+
+    /// Ends a sequence: tells its stream, closes its session turn, frees throwaway pages.
+    fn finish(&mut self, id: SeqId, outcome: Result<FinishReason, EngineError>) {
+        let Some(a) = self.active.remove(&id) else { return };
+        let event = match outcome {
+            Ok(reason) => {
+                let now = Instant::now();
+                let first = a.first_token_at.unwrap_or(now);
+                SeqEvent::Finished {
+                    reason,
+                    usage: Usage {
+                        prompt_tokens: a.seq.num_prompt,
+                        completion_tokens: a.seq.num_generated(),
+                        cached_tokens: a.sub.cached_tokens,
+                        prompt_ms: first.duration_since(a.admitted_at).as_secs_f64() * 1e3,
+                        decode_ms: now.duration_since(first).as_secs_f64() * 1e3,
+                    },
+                }
+            }
+            Err(e) => SeqEvent::Error(e),
+        };
+        let _ = a.sub.events.send(event);
+        a.sub.session.do_send(EndTurn { publish: true });
+        if a.sub.ephemeral {
+            a.sub.session.do_send(ReleaseAll);
+        }
+    }
+
+    fn reap_cancelled(&mut self) {
+        let gone: Vec<SeqId> = self
+            .active
+            .iter()
+            .filter(|(_, a)| a.sub.events.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.finish(id, Ok(FinishReason::Cancelled));
+        }
+    }
+
+    fn plan(&self, available_pages: usize) -> StepPlan {
+        let mut running = Vec::new();
+        let mut waiting = Vec::new();
+        for a in self.active.values() {
+            if a.running {
+                running.push(&a.seq);
+            } else {
+                waiting.push(&a.seq);
+            }
+        }
+        plan_step(&running, &waiting, available_pages, &self.cfg)
+    }
+
+    fn preempt(&mut self, ids: &[SeqId]) {
+        for id in ids {
+            if let Some(a) = self.active.get_mut(id) {
+                a.sub.session.do_send(ReleaseAll);
+                a.seq.num_computed = 0;
+                a.seq.num_pages = 0;
+                a.page_ids.clear();
+                a.running = false;
+                self.stats.num_preemptions += 1;
+            }
+        }
+    }
+
+    /// The tokens a grant computes: pending tokens, then drafts.
+    fn grant_tokens(&self, g: &Grant) -> Vec<u32> {
+        let seq = &self.active[&g.seq_id].seq;
+        let from = seq.num_computed;
+        let plain = g.num_tokens - g.num_drafts;
+        let mut t = seq.tokens[from..from + plain].to_vec();
+        t.extend_from_slice(&seq.drafts[..g.num_drafts]);
+        t
+    }
+
+    /// Asks sessions for pages, then runs the forward: the asynchronous half of a step.
+    fn execute(&mut self, plan: StepPlan) -> impl ActorFuture<Self, Output = StepOutcome> {
+        self.preempt(&plan.preempted);
+        let grows: Vec<_> = plan
+            .grants
+            .iter()
+            .map(|g| {
+                let tokens = self.grant_tokens(g);
+                let session = self.active[&g.seq_id].sub.session.clone();
+                (g.seq_id, tokens.clone(), session.send(Grow { tokens }))
+            })
+            .collect();
+        let starts: HashMap<SeqId, usize> = plan
+            .grants
+            .iter()
+            .map(|g| (g.seq_id, self.active[&g.seq_id].seq.num_computed))
+            .collect();
+        let worker = self.worker.clone();
+        async move {
+            let mut granted = Vec::new();
+            let mut refused = Vec::new();
+            for (id, tokens, grow) in grows {
+                match grow.await.map_err(EngineError::from).and_then(|r| r) {
+                    Ok(page_ids) => granted.push((id, tokens, page_ids)),
+                    Err(e) => refused.push((id, e)),
+                }
+            }
+            let steps: Vec<OwnedSeqStep> = granted
+                .iter()
+                .map(|(id, tokens, page_ids)| {
+                    let g = plan.grants.iter().find(|g| g.seq_id == *id).unwrap();
+                    OwnedSeqStep {
+                        tokens: tokens.clone(),
+                        start_position: starts[id],
+                        page_ids: page_ids.clone(),
+                        outputs: match (g.wants_logits, g.num_drafts) {
+                            (false, _) => OutputRows::None,
+                            (true, 0) => OutputRows::Last,
+                            (true, _) => OutputRows::All,
+                        },
+                    }
+                })
+                .collect();
+            let forward = if steps.is_empty() {
+                None
+            } else {
+                let out = worker.send(Forward {
+                    steps,
+                    want_hidden: false,
+                });
+                Some(out.await.map_err(EngineError::from).and_then(|r| r))
+            };
+            StepOutcome {
+                plan,
+                granted,
+                refused,
+                forward,
+            }
+        }
+        .into_actor(self)
+    }
+
+    /// The synchronous half of a step: commit computed positions, sample, stream, finish.
+    fn apply(&mut self, outcome: StepOutcome) {
+        self.stats.num_steps += 1;
+        for (id, e) in outcome.refused {
+            match e {
+                // The pool changed between planning and growing: try again next step.
+                EngineError::Kv(KvError::PoolExhausted { .. }) => {}
+                other => self.finish(id, Err(other)),
+            }
+        }
+        let out = match outcome.forward {
+            None => return,
+            Some(Ok(out)) => out,
+            Some(Err(e)) => {
+                for (id, _, _) in outcome.granted {
+                    self.finish(id, Err(e.clone()));
+                }
+                return;
+            }
+        };
+        for (batch_index, (id, tokens, page_ids)) in outcome.granted.into_iter().enumerate() {
+            let g = *outcome.plan.grants.iter().find(|g| g.seq_id == id).unwrap();
+            let Some(a) = self.active.get_mut(&id) else { continue };
+            a.seq.num_computed += tokens.len();
+            a.seq.num_pages = page_ids.len();
+            a.page_ids = page_ids;
+            if !a.running {
+                a.running = true;
+            }
+            if a.seq.num_computed <= a.seq.num_prompt {
+                self.stats.prompt_tokens_computed += tokens.len() as u64;
+            }
+            if g.wants_logits {
+                let row = out.rows_of(batch_index).last().expect("logits were asked for");
+                self.sample_and_emit(id, &out, row);
+            }
+        }
+    }
+
+    fn sample_and_emit(&mut self, id: SeqId, out: &ForwardOutput, row: usize) {
+        let a = self.active.get_mut(&id).unwrap();
+        let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
+        let sampled = a
+            .sub
+            .sampler
+            .sample(out.logits_row(row), &TokenHistory::new(prompt, generated));
+        let s = match sampled {
+            Ok(s) => s,
+            Err(e) => {
+                self.finish(id, Err(EngineError::InvalidRequest(e.to_string())));
+                return;
+            }
+        };
+        a.seq.tokens.push(s.token);
+        a.first_token_at.get_or_insert_with(Instant::now);
+        self.stats.tokens_generated += 1;
+        let _ = a.sub.events.send(SeqEvent::Token {
+            token_id: s.token,
+            logprob: s.logprob,
+            top_logprobs: s.top_logprobs,
+        });
+        let reason = if self.stop_token_ids.contains(&s.token) {
+            Some(FinishReason::Stop)
+        } else if a.seq.num_generated() >= a.sub.max_tokens
+            || a.seq.tokens.len() >= self.context_window
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.finish(id, Ok(reason));
+        }
+    }
+}
+
+struct StepOutcome {
+    plan: StepPlan,
+    granted: Vec<(SeqId, Vec<u32>, Vec<PageId>)>,
+    refused: Vec<(SeqId, EngineError)>,
+    forward: Option<Result<ForwardOutput, EngineError>>,
+}
+
+impl Actor for SchedulerActor {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Step;
+
+impl Handler<Step> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Step, ctx: &mut Context<Self>) {
+        if self.step_in_flight {
+            return;
+        }
+        self.reap_cancelled();
+        if self.active.is_empty() {
+            return;
+        }
+        self.step_in_flight = true;
+        let step = self
+            .pool
+            .send(GetPoolStats)
+            .into_actor(self)
+            .then(|stats, act, _| {
+                let available = stats.map(|s| s.num_available()).unwrap_or(0);
+                let plan = act.plan(available);
+                act.execute(plan)
+            })
+            .map(|outcome, act, ctx| {
+                let idle = outcome.forward.is_none();
+                act.apply(outcome);
+                act.step_in_flight = false;
+                if act.active.is_empty() {
+                    return;
+                }
+                if idle {
+                    // Nothing could run: waiting prompts need pages that idle sessions hold.
+                    act.registry.do_send(EvictLeastRecentlyUsed);
+                    ctx.notify_later(Step, Duration::from_millis(5));
+                } else {
+                    ctx.notify(Step);
+                }
+            });
+        ctx.spawn(step);
+    }
+}
+
+/// Admit a request into the queue (or refuse it when the queue is full).
+#[derive(Message)]
+#[rtype(result = "Result<(), EngineError>")]
+pub struct Enqueue(pub Submission);
+
+impl Handler<Enqueue> for SchedulerActor {
+    type Result = Result<(), EngineError>;
+
+    fn handle(&mut self, msg: Enqueue, ctx: &mut Context<Self>) -> Self::Result {
+        if self.num_waiting() >= self.max_queue {
+            return Err(EngineError::Overloaded {
+                retry_after_s: 1 + self.num_waiting() as u64 / 8,
+            });
+        }
+        let sub = msg.0;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut seq = Sequence::new(id, id, sub.tokens.clone(), sub.cached_tokens, sub.num_pages);
+        seq.priority = sub.priority;
+        self.active.insert(
+            id,
+            Active {
+                seq,
+                running: false,
+                sub,
+                page_ids: Vec::new(),
+                admitted_at: Instant::now(),
+                first_token_at: None,
+            },
+        );
+        ctx.notify(Step);
+        Ok(())
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "SchedulerStats")]
+pub struct GetSchedulerStats;
+
+impl Handler<GetSchedulerStats> for SchedulerActor {
+    type Result = MessageResult<GetSchedulerStats>;
+    fn handle(&mut self, _: GetSchedulerStats, _: &mut Context<Self>) -> Self::Result {
+        let mut stats = self.stats;
+        stats.num_waiting = self.num_waiting();
+        stats.num_running = self.active.len() - stats.num_waiting;
+        MessageResult(stats)
+    }
+}

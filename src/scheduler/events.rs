@@ -1,0 +1,41 @@
+//! What the scheduler tells a request's stream: token ids as they are committed, then how the
+//! generation ended. Text is made from the ids further out (the tokenizer actor).
+
+use crate::error::EngineError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-turn token or a stop string.
+    Stop,
+    /// `max_tokens`, or the context window is full.
+    Length,
+    /// The client went away or asked to stop.
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose K/V was reused instead of prefilled.
+    pub cached_tokens: usize,
+    /// From admission to the first generated token.
+    pub prompt_ms: f64,
+    /// From the first generated token to the last.
+    pub decode_ms: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    Token {
+        token_id: u32,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(u32, f32)>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+    Error(EngineError),
+}

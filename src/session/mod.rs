@@ -1,0 +1,8 @@
+//! Sessions: each conversation's token history and page table, owned by its own actor, and
+//! the registry that names, expires and evicts them.
+
+pub mod actor;
+pub mod registry;
+
+pub use actor::{BeginTurn, EndTurn, Grow, ReleaseAll, SessionActor, SessionInfo, Truncate, TurnStart};
+pub use registry::{SessionKey, SessionRegistry};

@@ -1,0 +1,151 @@
+//! The registry of named sessions: finds or starts a session's actor, expires idle sessions
+//! after their TTL, and gives up the least recently used idle one under memory pressure.
+//! Session ids are scoped by the API key that created them.
+
+use super::actor::{GetSessionInfo, SessionActor, SessionInfo, TryExpire};
+use crate::kv::pool_actor::PagePoolActor;
+use actix::prelude::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A session's name: the id the client gave, within the scope of its API key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    pub scope: String,
+    pub session_id: String,
+}
+
+struct Entry {
+    addr: Addr<SessionActor>,
+    last_used: Instant,
+}
+
+pub struct SessionRegistry {
+    sessions: HashMap<SessionKey, Entry>,
+    pool: Addr<PagePoolActor>,
+    page_size: usize,
+    ttl: Duration,
+}
+
+impl SessionRegistry {
+    pub fn new(pool: Addr<PagePoolActor>, page_size: usize, ttl: Duration) -> Self {
+        Self {
+            sessions: HashMap::new(),
+            pool,
+            page_size,
+            ttl,
+        }
+    }
+
+    fn expire(&mut self, key: SessionKey, ctx: &mut Context<Self>) {
+        let Some(entry) = self.sessions.get(&key) else { return };
+        let addr = entry.addr.clone();
+        addr.send(TryExpire)
+            .into_actor(self)
+            .map(move |expired, act, _| {
+                if expired.unwrap_or(true) {
+                    act.sessions.remove(&key);
+                }
+            })
+            .wait(ctx);
+    }
+}
+
+impl Actor for SessionRegistry {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let every = (self.ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
+        ctx.run_interval(every, |act, ctx| {
+            let now = Instant::now();
+            let stale: Vec<SessionKey> = act
+                .sessions
+                .iter()
+                .filter(|(_, e)| now.duration_since(e.last_used) >= act.ttl)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in stale {
+                act.expire(key, ctx);
+            }
+        });
+    }
+}
+
+/// The session named `key`, started if new.
+#[derive(Message)]
+#[rtype(result = "Addr<SessionActor>")]
+pub struct GetOrCreate {
+    pub key: SessionKey,
+}
+
+impl Handler<GetOrCreate> for SessionRegistry {
+    type Result = MessageResult<GetOrCreate>;
+    fn handle(&mut self, msg: GetOrCreate, _: &mut Context<Self>) -> Self::Result {
+        let pool = self.pool.clone();
+        let page_size = self.page_size;
+        let entry = self.sessions.entry(msg.key.clone()).or_insert_with(|| Entry {
+            addr: SessionActor::new(msg.key.session_id.clone(), pool, page_size).start(),
+            last_used: Instant::now(),
+        });
+        if !entry.addr.connected() {
+            entry.addr = SessionActor::new(msg.key.session_id, self.pool.clone(), page_size).start();
+        }
+        entry.last_used = Instant::now();
+        MessageResult(entry.addr.clone())
+    }
+}
+
+/// Expire the least recently used session that is idle (memory pressure).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EvictLeastRecentlyUsed;
+
+impl Handler<EvictLeastRecentlyUsed> for SessionRegistry {
+    type Result = ();
+    fn handle(&mut self, _: EvictLeastRecentlyUsed, ctx: &mut Context<Self>) {
+        if let Some(key) = self
+            .sessions
+            .iter()
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(k, _)| k.clone())
+        {
+            self.expire(key, ctx);
+        }
+    }
+}
+
+/// Expire every idle session now (tests and shutdown: "caches cleared").
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ExpireAll;
+
+impl Handler<ExpireAll> for SessionRegistry {
+    type Result = ();
+    fn handle(&mut self, _: ExpireAll, ctx: &mut Context<Self>) {
+        let keys: Vec<SessionKey> = self.sessions.keys().cloned().collect();
+        for key in keys {
+            self.expire(key, ctx);
+        }
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Vec<SessionInfo>")]
+pub struct ListSessions;
+
+impl Handler<ListSessions> for SessionRegistry {
+    type Result = ResponseFuture<Vec<SessionInfo>>;
+    fn handle(&mut self, _: ListSessions, _: &mut Context<Self>) -> Self::Result {
+        let addrs: Vec<_> = self.sessions.values().map(|e| e.addr.clone()).collect();
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for addr in addrs {
+                if let Ok(info) = addr.send(GetSessionInfo).await {
+                    out.push(info);
+                }
+            }
+            out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+            out
+        })
+    }
+}

@@ -1,0 +1,108 @@
+//! The tokenizer actor: owns the tokenizer and the chat template, encodes prompts, and keeps
+//! each output stream's incremental detokeniser. It runs on its own thread so that encoding a
+//! long prompt never holds up the scheduler.
+
+use super::{ChatTemplate, IncrementalDecoder};
+use crate::error::EngineError;
+use actix::prelude::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokenizers::Tokenizer;
+
+pub struct TokenizerActor {
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+    streams: HashMap<u64, IncrementalDecoder>,
+}
+
+impl TokenizerActor {
+    /// One thread: per-stream decoder state must live in one instance.
+    pub fn start(tokenizer: Arc<Tokenizer>, template: Option<Arc<ChatTemplate>>) -> Addr<Self> {
+        SyncArbiter::start(1, move || TokenizerActor {
+            tokenizer: tokenizer.clone(),
+            template: template.clone(),
+            streams: HashMap::new(),
+        })
+    }
+}
+
+impl Actor for TokenizerActor {
+    type Context = SyncContext<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u32>, EngineError>")]
+pub struct Encode {
+    pub text: String,
+}
+
+impl Handler<Encode> for TokenizerActor {
+    type Result = Result<Vec<u32>, EngineError>;
+    fn handle(&mut self, msg: Encode, _: &mut SyncContext<Self>) -> Self::Result {
+        encode(&self.tokenizer, &msg.text)
+    }
+}
+
+fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, EngineError> {
+    tokenizer
+        .encode(text, false)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| EngineError::InvalidRequest(format!("cannot tokenize the prompt: {e}")))
+}
+
+/// Render a chat with the model's template and encode it.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u32>, EngineError>")]
+pub struct EncodeChat {
+    pub messages: serde_json::Value,
+    pub tools: Option<serde_json::Value>,
+    pub add_generation_prompt: bool,
+}
+
+impl Handler<EncodeChat> for TokenizerActor {
+    type Result = Result<Vec<u32>, EngineError>;
+    fn handle(&mut self, msg: EncodeChat, _: &mut SyncContext<Self>) -> Self::Result {
+        let template = self.template.as_ref().ok_or_else(|| {
+            EngineError::InvalidRequest("this model has no chat template".into())
+        })?;
+        let text = template
+            .render(
+                &msg.messages,
+                msg.tools.as_ref(),
+                msg.add_generation_prompt,
+                &serde_json::json!({}),
+            )
+            .map_err(|e| EngineError::InvalidRequest(format!("chat template: {e:#}")))?;
+        encode(&self.tokenizer, &text)
+    }
+}
+
+/// Append generated tokens to stream `stream_id`; replies with the text they complete.
+#[derive(Message)]
+#[rtype(result = "String")]
+pub struct Detokenize {
+    pub stream_id: u64,
+    pub token_ids: Vec<u32>,
+    /// Flush what is held back and forget the stream.
+    pub finish: bool,
+}
+
+impl Handler<Detokenize> for TokenizerActor {
+    type Result = String;
+    fn handle(&mut self, msg: Detokenize, _: &mut SyncContext<Self>) -> String {
+        let decoder = self.streams.entry(msg.stream_id).or_default();
+        let mut text = String::new();
+        for id in msg.token_ids {
+            if let Some(t) = decoder.push(&self.tokenizer, id) {
+                text.push_str(&t);
+            }
+        }
+        if msg.finish {
+            if let Some(t) = decoder.finish(&self.tokenizer) {
+                text.push_str(&t);
+            }
+            self.streams.remove(&msg.stream_id);
+        }
+        text
+    }
+}
