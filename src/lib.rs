@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;

@@ -1,0 +1,281 @@
+//! The engine: the actors wired together behind one handle, and the in-process API the HTTP
+//! and WebSocket layers call (`Engine::submit` → a stream of events).
+//!
+//! Admission happens here, before any inference: the context window (the advertised one is
+//! the enforced one, and never more than the KV budget can hold), the KV budget, and the queue.
+
+pub mod request;
+mod stream;
+
+pub use request::{EngineEvent, GenerateRequest, Prompt};
+
+use crate::config::KvMemory;
+use crate::error::EngineError;
+use crate::kv::pool_actor::{ClearCache, GetPoolStats, PagePoolActor, PoolSnapshot};
+use crate::kv::KvDtype;
+use crate::model::ModelBundle;
+use crate::runner::worker::{KvBytes, ModelWorker};
+use crate::sampling::Sampler;
+use crate::scheduler::{
+    Enqueue, GetSchedulerStats, SchedulerActor, SchedulerConfig, SchedulerParts, SchedulerStats,
+    Submission,
+};
+use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
+use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
+use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
+use actix::prelude::*;
+use anyhow::{bail, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use stream::StreamTask;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub page_size: usize,
+    pub kv_memory: KvMemory,
+    pub kv_dtype: KvDtype,
+    /// Caps the model's own context length.
+    pub context_window: Option<usize>,
+    pub max_batch_tokens: usize,
+    pub max_seqs: usize,
+    pub prefill_chunk: usize,
+    /// Most requests waiting for their first step; beyond it, `Overloaded`.
+    pub max_queue: usize,
+    pub session_ttl: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 16,
+            kv_memory: KvMemory::default(),
+            kv_dtype: KvDtype::F16,
+            context_window: None,
+            max_batch_tokens: 2048,
+            max_seqs: 64,
+            prefill_chunk: 512,
+            max_queue: 256,
+            session_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Facts about the running engine that clients may be told.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EngineInfo {
+    pub model_path: String,
+    /// The enforced window: min(model context, --context-window, what the KV budget holds).
+    pub context_window: usize,
+    pub model_context_length: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub kv_dtype: KvDtype,
+    pub kv_budget_bytes: u64,
+    pub vocab_size: usize,
+}
+
+pub struct Engine {
+    info: EngineInfo,
+    scheduler: Addr<SchedulerActor>,
+    tokenizer: Addr<TokenizerActor>,
+    registry: Addr<SessionRegistry>,
+    pool: Addr<PagePoolActor>,
+    worker: Addr<ModelWorker>,
+    next_stream_id: AtomicU64,
+}
+
+/// A request's events; dropping it cancels the request.
+pub type EventStream = UnboundedReceiver<EngineEvent>;
+
+impl Engine {
+    /// Starts the actors. Must run inside an actix system (actix-web's runtime is one).
+    pub fn start(bundle: ModelBundle, cfg: EngineConfig) -> Result<Self> {
+        let kv_shape = bundle.transformer.kv_shape(cfg.page_size);
+        let page_bytes = kv_shape.page_bytes(cfg.kv_dtype) as u64;
+        let budget = cfg.kv_memory.bytes();
+        let num_pages = (budget / page_bytes) as usize;
+        if num_pages == 0 {
+            bail!("--kv-memory {budget} bytes cannot hold one {page_bytes}-byte KV page");
+        }
+        let model_ctx = bundle.transformer.config.context_length;
+        let context_window = [Some(model_ctx), cfg.context_window, Some(num_pages * cfg.page_size)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap();
+        let info = EngineInfo {
+            model_path: bundle.path.display().to_string(),
+            context_window,
+            model_context_length: model_ctx,
+            num_pages,
+            page_size: cfg.page_size,
+            kv_dtype: cfg.kv_dtype,
+            kv_budget_bytes: num_pages as u64 * page_bytes,
+            vocab_size: bundle.transformer.config.vocab_size,
+        };
+        let model = Arc::new(bundle.transformer);
+        let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
+        let tokenizer = TokenizerActor::start(
+            Arc::new(bundle.tokenizer),
+            bundle.template.map(Arc::new),
+        );
+        let pool = PagePoolActor::new(num_pages, cfg.page_size).start();
+        let registry = SessionRegistry::new(pool.clone(), cfg.page_size, cfg.session_ttl).start();
+        let scheduler = SchedulerActor::new(SchedulerParts {
+            cfg: SchedulerConfig {
+                max_batch_tokens: cfg.max_batch_tokens,
+                max_seqs: cfg.max_seqs,
+                prefill_chunk: cfg.prefill_chunk,
+                page_size: cfg.page_size,
+            },
+            max_queue: cfg.max_queue,
+            context_window,
+            stop_token_ids: bundle.stop_token_ids,
+            worker: worker.clone(),
+            pool: pool.clone(),
+            registry: registry.clone(),
+        })
+        .start();
+        Ok(Self {
+            info,
+            scheduler,
+            tokenizer,
+            registry,
+            pool,
+            worker,
+            next_stream_id: AtomicU64::new(0),
+        })
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// Tokenizes a prompt the way `submit` would (for counting and budget checks).
+    pub async fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        match prompt {
+            Prompt::Tokens(t) => Ok(t.clone()),
+            Prompt::Text(text) => self.tokenizer.send(Encode { text: text.clone() }).await?,
+            Prompt::Chat { messages, tools } => {
+                self.tokenizer
+                    .send(EncodeChat {
+                        messages: messages.clone(),
+                        tools: tools.clone(),
+                        add_generation_prompt: true,
+                    })
+                    .await?
+            }
+        }
+    }
+
+    /// Checks the request against the window and the KV budget; returns `max_tokens`.
+    fn admit(&self, prompt_tokens: usize, max_tokens: Option<usize>) -> Result<usize, EngineError> {
+        let window = self.info.context_window;
+        if prompt_tokens == 0 {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if max_tokens == Some(0) {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        let max_tokens = max_tokens.unwrap_or(window.saturating_sub(prompt_tokens).max(1));
+        if prompt_tokens + max_tokens > window {
+            return Err(EngineError::ContextLengthExceeded {
+                prompt_tokens,
+                max_tokens,
+                context_window: window,
+            });
+        }
+        let budget_tokens = self.info.num_pages * self.info.page_size;
+        let needed_tokens = prompt_tokens + max_tokens;
+        if needed_tokens.div_ceil(self.info.page_size) > self.info.num_pages {
+            return Err(EngineError::InsufficientKvMemory {
+                needed_tokens,
+                budget_tokens,
+            });
+        }
+        Ok(max_tokens)
+    }
+
+    /// Admits a request and returns its event stream, or refuses it before any inference.
+    pub async fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        let tokens = self.tokenize(&req.prompt).await?;
+        let max_tokens = self.admit(tokens.len(), req.max_tokens)?;
+        req.sampling
+            .validate_for_vocab(self.info.vocab_size)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let sampler =
+            Sampler::new(req.sampling).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);
+        let (session, ephemeral) = match req.session {
+            Some(key) => (self.registry.send(GetOrCreate { key }).await?, false),
+            None => {
+                let id = format!("request-{stream_id}");
+                (SessionActor::new(id, self.pool.clone(), self.info.page_size).start(), true)
+            }
+        };
+        let turn = session.send(BeginTurn { prompt: tokens.clone() }).await??;
+        let (seq_tx, seq_rx) = unbounded_channel();
+        let prompt_tokens = tokens.len();
+        let submission = Submission {
+            tokens,
+            cached_tokens: turn.cached_tokens,
+            num_pages: turn.num_pages,
+            max_tokens,
+            priority: req.priority,
+            sampler,
+            session: session.clone(),
+            ephemeral,
+            events: seq_tx,
+        };
+        if let Err(e) = self.scheduler.send(Enqueue(submission)).await? {
+            session.do_send(EndTurn { publish: false });
+            if ephemeral {
+                session.do_send(ReleaseAll);
+            }
+            return Err(e);
+        }
+        let (client_tx, client_rx) = unbounded_channel();
+        let _ = client_tx.send(EngineEvent::Started {
+            prompt_tokens,
+            cached_tokens: turn.cached_tokens,
+        });
+        actix_rt::spawn(
+            StreamTask {
+                stream_id,
+                tokenizer: self.tokenizer.clone(),
+                stop: req.stop,
+                prompt_tokens,
+                cached_tokens: turn.cached_tokens,
+                from_scheduler: seq_rx,
+                to_client: client_tx,
+            }
+            .run(),
+        );
+        Ok(client_rx)
+    }
+
+    pub async fn sessions(&self) -> Vec<SessionInfo> {
+        self.registry.send(ListSessions).await.unwrap_or_default()
+    }
+
+    pub async fn pool_stats(&self) -> PoolSnapshot {
+        self.pool.send(GetPoolStats).await.unwrap_or_default()
+    }
+
+    pub async fn scheduler_stats(&self) -> SchedulerStats {
+        self.scheduler.send(GetSchedulerStats).await.unwrap_or_default()
+    }
+
+    pub async fn kv_bytes_allocated(&self) -> usize {
+        self.worker.send(KvBytes).await.unwrap_or(0)
+    }
+
+    /// Expires idle sessions and empties the prefix cache (what "caches cleared" means in the
+    /// leak tests). Sessions with a turn in progress are kept.
+    pub async fn clear_caches(&self) {
+        let _ = self.registry.send(ExpireAll).await;
+        let _ = self.pool.send(ClearCache).await;
+    }
+}

@@ -1,0 +1,69 @@
+//! What callers hand the engine and what they get back. Token ids and text only; the wire
+//! formats (OpenAI chunks, SSE, WebSocket events) live in the API layer.
+
+use crate::error::EngineError;
+use crate::sampling::SamplingParams;
+use crate::scheduler::{FinishReason, Usage};
+use crate::session::SessionKey;
+
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Plain text, tokenized as-is.
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+    /// OpenAI-style messages (and tools), rendered with the model's chat template.
+    Chat {
+        messages: serde_json::Value,
+        tools: Option<serde_json::Value>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Prompt,
+    /// Most tokens to generate; `None` means up to the context window.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    /// Generation stops before any of these strings; they are not part of the output.
+    pub stop: Vec<String>,
+    /// A persistent session to continue (its KV is reused up to the first differing token).
+    pub session: Option<SessionKey>,
+    /// Higher is scheduled first and preempted last.
+    pub priority: i32,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            session: None,
+            priority: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    /// Admitted: the prompt's size and how much of it was already in KV pages.
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    /// Newly committed tokens and the text they complete (possibly empty while a character is
+    /// still incomplete, or held back while it might start a stop string).
+    Delta {
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Vec<Option<f32>>,
+        top_logprobs: Vec<Vec<(u32, f32)>>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+    Error(EngineError),
+}

@@ -1,0 +1,146 @@
+//! Turns a sequence's committed token ids into text deltas (through the tokenizer actor) and
+//! applies stop strings. A stop string ends the request the same way a disconnect does: this
+//! task drops the scheduler's channel, and the scheduler frees the pages at its next step.
+
+use super::request::EngineEvent;
+use crate::scheduler::{FinishReason, SeqEvent, Usage};
+use crate::tokenizer::actor::{Detokenize, TokenizerActor};
+use actix::Addr;
+use std::time::Instant;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+pub struct StreamTask {
+    pub stream_id: u64,
+    pub tokenizer: Addr<TokenizerActor>,
+    pub stop: Vec<String>,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub from_scheduler: UnboundedReceiver<SeqEvent>,
+    pub to_client: UnboundedSender<EngineEvent>,
+}
+
+impl StreamTask {
+    pub async fn run(mut self) {
+        let started = Instant::now();
+        let mut held = String::new();
+        let mut num_generated = 0usize;
+        let mut first_token_at = None;
+        while let Some(event) = self.from_scheduler.recv().await {
+            match event {
+                SeqEvent::Token {
+                    token_id,
+                    logprob,
+                    top_logprobs,
+                } => {
+                    num_generated += 1;
+                    first_token_at.get_or_insert_with(Instant::now);
+                    let text = self.detokenize(vec![token_id], false).await;
+                    held.push_str(&text);
+                    let (emit, stopped) = self.split_at_stop(&mut held, false);
+                    let delta = EngineEvent::Delta {
+                        text: emit,
+                        token_ids: vec![token_id],
+                        logprobs: vec![logprob],
+                        top_logprobs: vec![top_logprobs],
+                    };
+                    if self.to_client.send(delta).is_err() {
+                        break; // the client is gone: dropping our receiver cancels the sequence
+                    }
+                    if stopped {
+                        self.detokenize(Vec::new(), true).await;
+                        let first = first_token_at.unwrap_or(started);
+                        let usage = Usage {
+                            prompt_tokens: self.prompt_tokens,
+                            completion_tokens: num_generated,
+                            cached_tokens: self.cached_tokens,
+                            prompt_ms: first.duration_since(started).as_secs_f64() * 1e3,
+                            decode_ms: first.elapsed().as_secs_f64() * 1e3,
+                        };
+                        let _ = self.to_client.send(EngineEvent::Finished {
+                            reason: FinishReason::Stop,
+                            usage,
+                        });
+                        break;
+                    }
+                }
+                SeqEvent::Finished { reason, usage } => {
+                    held.push_str(&self.detokenize(Vec::new(), true).await);
+                    let (emit, stopped) = self.split_at_stop(&mut held, true);
+                    if !emit.is_empty() {
+                        let _ = self.to_client.send(EngineEvent::Delta {
+                            text: emit,
+                            token_ids: Vec::new(),
+                            logprobs: Vec::new(),
+                            top_logprobs: Vec::new(),
+                        });
+                    }
+                    let reason = if stopped { FinishReason::Stop } else { reason };
+                    let _ = self.to_client.send(EngineEvent::Finished { reason, usage });
+                    break;
+                }
+                SeqEvent::Error(e) => {
+                    self.detokenize(Vec::new(), true).await;
+                    let _ = self.to_client.send(EngineEvent::Error(e));
+                    break;
+                }
+            }
+        }
+    }
+
+    async fn detokenize(&self, token_ids: Vec<u32>, finish: bool) -> String {
+        self.tokenizer
+            .send(Detokenize {
+                stream_id: self.stream_id,
+                token_ids,
+                finish,
+            })
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Takes from `held` the text that can be emitted: everything before a stop string (then
+    /// `true`), or everything except a tail that could still become one. At the end of the
+    /// stream (`last`) nothing is held back.
+    fn split_at_stop(&self, held: &mut String, last: bool) -> (String, bool) {
+        if let Some(at) = self.stop.iter().filter_map(|s| held.find(s.as_str())).min() {
+            let emit = held[..at].to_string();
+            held.clear();
+            return (emit, true);
+        }
+        if last {
+            return (std::mem::take(held), false);
+        }
+        let keep = self
+            .stop
+            .iter()
+            .map(|s| longest_suffix_prefix(held, s))
+            .max()
+            .unwrap_or(0);
+        let cut = held.len() - keep;
+        let emit = held[..cut].to_string();
+        held.replace_range(..cut, "");
+        (emit, false)
+    }
+}
+
+/// Length in bytes of the longest suffix of `text` that is a proper prefix of `stop`.
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    (1..stop.len())
+        .rev()
+        .filter(|&n| stop.is_char_boundary(n) && n <= text.len())
+        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&stop[..n]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_suffix_prefix;
+
+    #[test]
+    fn a_partial_stop_string_at_the_end_is_held_back() {
+        assert_eq!(longest_suffix_prefix("hello EN", "END"), 2);
+        assert_eq!(longest_suffix_prefix("hello", "END"), 0);
+        assert_eq!(longest_suffix_prefix("x</to", "</tool>"), 4);
+        assert_eq!(longest_suffix_prefix("héé", "ée"), 2);
+    }
+}

@@ -1,0 +1,232 @@
+//! The packed weight layout: GGUF blocks of 16 output rows ("a group") interleaved so that one
+//! 64-byte vector holds 4 consecutive weights of each of the 16 rows.
+//!
+//! A matrix is `[num_groups][num_blocks][group_block_bytes]`. Inside a group-block every
+//! quantity is stored column-interleaved: scales as `[16]` (f16 or u8/i8 per sub-block), and
+//! quants as `[step][16 columns][4 bytes]`, where byte `b` of step `t` is byte `4t + b` of that
+//! column's GGUF quant array. Each "step" is exactly one `vpdpbusd` operand. Rows past
+//! `out_dim` in the last group are zero (their scales are zero) and are never written out.
+//!
+//! | format | k per block | bytes per group-block | contents (byte offsets)                          |
+//! | ------ | ----------- | --------------------- | ------------------------------------------------ |
+//! | Q8_0   | 32          | 544                   | d f16[16] @0, qs i8 [8][16][4] @32               |
+//! | Q4_1   | 32          | 320                   | d @0, m @32, qs nibbles [4][16][4] @64           |
+//! | Q4_K   | 256         | 2368                  | d @0, dmin @32, sc u8[8][16] @64, m u8[4][16][2] @192, qs [4 pairs][8][16][4] @320 |
+//! | Q6_K   | 256         | 3360                  | d @0, sc i8[16][16] @32, ql [2][2][8][16][4] @288, qh [2][8][16][4] @2336 |
+//! | F16    | 1           | 32                    | w f16[16]                                        |
+//! | F32    | 1           | 64                    | w f32[16]                                        |
+//!
+//! Q5_0 is re-encoded as Q8_0 without loss (`(q − 16) · d` fits an i8 with the same scale).
+
+use candle_core::quantized::GgmlDType;
+
+use super::KernelError;
+
+/// Output rows per group: the lanes of one AVX-512 vector of i32/f32.
+pub const GROUP: usize = 16;
+
+/// A packed weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    Q8_0,
+    Q4_1,
+    Q4K,
+    Q6K,
+    F16,
+    F32,
+}
+
+impl Format {
+    /// Weights along `in_dim` per block.
+    pub fn block_len(self) -> usize {
+        match self {
+            Format::Q8_0 | Format::Q4_1 => 32,
+            Format::Q4K | Format::Q6K => 256,
+            Format::F16 | Format::F32 => 1,
+        }
+    }
+
+    /// Packed bytes of one block for the 16 rows of a group.
+    pub fn group_block_bytes(self) -> usize {
+        match self {
+            Format::Q8_0 => 544,
+            Format::Q4_1 => 320,
+            Format::Q4K => 2368,
+            Format::Q6K => 3360,
+            Format::F16 => 32,
+            Format::F32 => 64,
+        }
+    }
+}
+
+/// GGUF bytes of one block, and the packed format it becomes.
+fn source_format(dtype: GgmlDType) -> Result<(Format, usize), KernelError> {
+    Ok(match dtype {
+        GgmlDType::Q8_0 => (Format::Q8_0, 34),
+        GgmlDType::Q5_0 => (Format::Q8_0, 22),
+        GgmlDType::Q4_1 => (Format::Q4_1, 20),
+        GgmlDType::Q4K => (Format::Q4K, 144),
+        GgmlDType::Q6K => (Format::Q6K, 210),
+        GgmlDType::F16 => (Format::F16, 2),
+        GgmlDType::F32 => (Format::F32, 4),
+        other => return Err(KernelError::UnsupportedFormat(format!("{other:?}"))),
+    })
+}
+
+/// Repacks row-major GGUF blocks (`[out_dim][in_dim / block_len]`) into the group layout.
+pub fn repack(
+    dtype: GgmlDType,
+    data: &[u8],
+    out_dim: usize,
+    in_dim: usize,
+) -> Result<(Format, Vec<u8>), KernelError> {
+    let (format, src_block_bytes) = source_format(dtype)?;
+    let block_len = format.block_len();
+    if out_dim == 0 || in_dim == 0 || !in_dim.is_multiple_of(block_len) {
+        return Err(KernelError::Shape(format!(
+            "{dtype:?} matrix [{out_dim}, {in_dim}]: in_dim must be a positive multiple of {block_len}"
+        )));
+    }
+    let num_blocks = in_dim / block_len;
+    let row_bytes = num_blocks * src_block_bytes;
+    if data.len() != out_dim * row_bytes {
+        return Err(KernelError::Shape(format!(
+            "{dtype:?} matrix [{out_dim}, {in_dim}] needs {} bytes, got {}",
+            out_dim * row_bytes,
+            data.len()
+        )));
+    }
+    let gbb = format.group_block_bytes();
+    let num_groups = out_dim.div_ceil(GROUP);
+    let mut packed = vec![0u8; num_groups * num_blocks * gbb];
+    let mut q8 = [0u8; 34];
+    for (g, group) in packed.chunks_exact_mut(num_blocks * gbb).enumerate() {
+        for (b, dst) in group.chunks_exact_mut(gbb).enumerate() {
+            for c in 0..GROUP.min(out_dim - g * GROUP) {
+                let start = (g * GROUP + c) * row_bytes + b * src_block_bytes;
+                let src = &data[start..start + src_block_bytes];
+                match dtype {
+                    GgmlDType::Q5_0 => {
+                        q5_0_to_q8_0(src, &mut q8);
+                        pack_q8_0(&q8, dst, c);
+                    }
+                    GgmlDType::Q8_0 => pack_q8_0(src, dst, c),
+                    GgmlDType::Q4_1 => pack_q4_1(src, dst, c),
+                    GgmlDType::Q4K => pack_q4k(src, dst, c),
+                    GgmlDType::Q6K => pack_q6k(src, dst, c),
+                    _ => dst[c * src.len()..(c + 1) * src.len()].copy_from_slice(src),
+                }
+            }
+        }
+    }
+    Ok((format, packed))
+}
+
+/// Copies `num_steps` 4-byte words of one column: `dst[t][c][..4] = src[4t..4t + 4]`.
+fn interleave(src: &[u8], dst: &mut [u8], c: usize) {
+    for (t, word) in src.chunks_exact(4).enumerate() {
+        let at = t * GROUP * 4 + c * 4;
+        dst[at..at + 4].copy_from_slice(word);
+    }
+}
+
+fn pack_q8_0(src: &[u8], dst: &mut [u8], c: usize) {
+    dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+    interleave(&src[2..34], &mut dst[32..], c);
+}
+
+fn pack_q4_1(src: &[u8], dst: &mut [u8], c: usize) {
+    dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+    dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
+    interleave(&src[4..20], &mut dst[64..], c);
+}
+
+fn pack_q4k(src: &[u8], dst: &mut [u8], c: usize) {
+    dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+    dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
+    let scales = &src[4..16];
+    for s in 0..8 {
+        let (sc, m) = scale_min_k4(s, scales);
+        dst[64 + s * GROUP + c] = sc;
+        dst[192 + (s / 2) * 2 * GROUP + 2 * c + s % 2] = m;
+    }
+    // Pair p of 64 weights is GGUF qs[32p..32p + 32]: low nibbles are sub-block 2p, high 2p + 1.
+    for p in 0..4 {
+        interleave(&src[16 + 32 * p..48 + 32 * p], &mut dst[320 + 512 * p..], c);
+    }
+}
+
+fn pack_q6k(src: &[u8], dst: &mut [u8], c: usize) {
+    let (ql, rest) = src.split_at(128);
+    let (qh, rest) = rest.split_at(64);
+    let (scales, d) = rest.split_at(16);
+    dst[2 * c..2 * c + 2].copy_from_slice(d);
+    for (s, &sc) in scales.iter().enumerate() {
+        dst[32 + s * GROUP + c] = sc;
+    }
+    // Half n, part h: GGUF ql[64n + 32h..][..32]; low nibbles are weights 128n + 32h + l, high
+    // nibbles 128n + 64 + 32h + l. qh[32n + l] holds the top bits of 128n + 32i + l at bit 2i.
+    for n in 0..2 {
+        for h in 0..2 {
+            let at = 288 + 1024 * n + 512 * h;
+            interleave(&ql[64 * n + 32 * h..64 * n + 32 * h + 32], &mut dst[at..], c);
+        }
+        interleave(&qh[32 * n..32 * n + 32], &mut dst[2336 + 512 * n..], c);
+    }
+}
+
+/// GGUF's 6-bit (scale, min) pair `j` of a Q4_K block's 12 packed scale bytes.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Q5_0 (`d`, 32 high bits, 16 nibble bytes) → Q8_0 (`d`, 32 × i8 of `q − 16`), losslessly.
+fn q5_0_to_q8_0(src: &[u8], dst: &mut [u8; 34]) {
+    dst[0..2].copy_from_slice(&src[0..2]);
+    let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+    for j in 0..16 {
+        let lo = (src[6 + j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+        let hi = (src[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        dst[2 + j] = (lo as i8 - 16) as u8;
+        dst[2 + 16 + j] = (hi as i8 - 16) as u8;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleave_puts_word_t_of_column_c_at_step_t() {
+        let src: Vec<u8> = (0..32).collect();
+        let mut dst = vec![0u8; 512];
+        interleave(&src, &mut dst, 3);
+        assert_eq!(&dst[12..16], &[0, 1, 2, 3]);
+        assert_eq!(&dst[64 + 12..64 + 16], &[4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn unknown_formats_are_named_in_the_error() {
+        let err = repack(GgmlDType::Q2K, &[], 1, 256).unwrap_err();
+        assert!(err.to_string().contains("Q2K"), "{err}");
+    }
+
+    #[test]
+    fn q5_0_decodes_to_q_minus_16() {
+        let mut src = [0u8; 22];
+        src[2..6].copy_from_slice(&0x8000_0001u32.to_le_bytes());
+        src[6] = 0xF0; // weight 0: 0 | 16 → 0; weight 16: 15 → −1
+        src[21] = 0x0F; // weight 15: 15 → −1; weight 31: 0 | 16 → 0
+        let mut dst = [0u8; 34];
+        q5_0_to_q8_0(&src, &mut dst);
+        let q: Vec<i8> = dst[2..].iter().map(|&b| b as i8).collect();
+        assert_eq!((q[0], q[16], q[15], q[31], q[1]), (0, -1, -1, 0, -16));
+    }
+}

@@ -1,0 +1,293 @@
+//! CPU matmul kernels for GGUF-quantised weights: `out = x · Wᵀ` for 1 to thousands of rows.
+//!
+//! This module owns the packed weight layout (`layout`), activation quantisation (`act`) and the
+//! per-instruction-set kernels (`scalar`, `avx2`, `avx512`), chosen at run time (`dispatch`).
+//! It depends only on external crates and never touches model, KV or scheduler state.
+//!
+//! How a call runs: the activations are quantised to int8 once (per 32 weights, or per 256 for
+//! K-quants); the output rows are split into groups of 16, and groups are shared out over
+//! rayon's pool. A kernel streams one group's weights once and applies each block to up to 16
+//! activation rows while it is in registers, so 9 rows cost about what 1 row costs when memory
+//! bound. More rows are handled 16 at a time while the group (a few tens of KiB) stays in L2.
+//!
+//! Results are bit-identical across dispatch paths, thread counts and batch sizes: row `r` of a
+//! 9-row matmul equals row `r` computed alone, to the bit.
+
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod dispatch;
+mod layout;
+mod scalar;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use rayon::prelude::*;
+
+pub use act::{quantize_block, ActQ8, ActQ8K};
+pub use dispatch::Dispatch;
+pub use layout::{Format, GROUP};
+
+/// Why a matrix could not be packed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// A GGUF type these kernels do not handle (named).
+    UnsupportedFormat(String),
+    /// The tensor is not 2-D, or its sizes do not fit the format's blocks.
+    Shape(String),
+    /// Reading the tensor's bytes failed.
+    Read(String),
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelError::UnsupportedFormat(name) => {
+                write!(f, "no CPU matmul kernel for tensor type {name}")
+            }
+            KernelError::Shape(msg) | KernelError::Read(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+/// A weight matrix `[out_dim, in_dim]`, repacked for the kernels at load time.
+#[derive(Clone, Debug)]
+pub struct QuantMatrix {
+    format: Format,
+    out_dim: usize,
+    in_dim: usize,
+    /// `[num_groups][num_blocks][group_block_bytes]`, see `layout`.
+    packed: Vec<u8>,
+}
+
+/// Per-caller buffers reused across calls, so a matmul allocates only when a call is larger
+/// than every earlier one.
+#[derive(Default)]
+pub struct Scratch {
+    q8: Vec<ActQ8>,
+    q8k: Vec<ActQ8K>,
+    /// `[num_groups][num_rows, 16]`: each task writes its groups' outputs here.
+    staging: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Rows a kernel applies one weight block to while it is in registers.
+const MAX_KERNEL_ROWS: usize = 16;
+
+/// Below this many weight bytes × row chunks a call runs on the calling thread.
+const SERIAL_BYTES: usize = 96 << 10;
+
+impl QuantMatrix {
+    /// Packs a 2-D CPU `QTensor` (`[out_dim, in_dim]`, GGUF block layout).
+    pub fn from_qtensor(tensor: &QTensor) -> Result<Self, KernelError> {
+        let &[out_dim, in_dim] = tensor.shape().dims() else {
+            return Err(KernelError::Shape(format!(
+                "matmul weights must be 2-D, got {:?}",
+                tensor.shape()
+            )));
+        };
+        let data = tensor.data().map_err(|e| KernelError::Read(e.to_string()))?;
+        Self::from_gguf_bytes(tensor.dtype(), &data, out_dim, in_dim)
+    }
+
+    /// Packs row-major GGUF blocks of `dtype`.
+    pub fn from_gguf_bytes(
+        dtype: GgmlDType,
+        data: &[u8],
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Self, KernelError> {
+        let (format, packed) = layout::repack(dtype, data, out_dim, in_dim)?;
+        Ok(QuantMatrix {
+            format,
+            out_dim,
+            in_dim,
+            packed,
+        })
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    /// Bytes of packed weights one matmul streams.
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.len()
+    }
+
+    /// `out = x · Wᵀ` on the path `Dispatch::active()` picks.
+    /// `x`: `[num_rows, in_dim]`, `out`: `[num_rows, out_dim]`.
+    pub fn matmul(&self, x: &[f32], out: &mut [f32], scratch: &mut Scratch) {
+        self.matmul_with(Dispatch::active(), x, out, scratch)
+    }
+
+    /// `matmul` on an explicit path. Panics if the CPU lacks it or the shapes disagree.
+    pub fn matmul_with(&self, path: Dispatch, x: &[f32], out: &mut [f32], scratch: &mut Scratch) {
+        assert!(path.is_supported(), "kernel path {path:?} is not supported by this CPU");
+        assert!(
+            x.len().is_multiple_of(self.in_dim),
+            "x has {} values, not a multiple of in_dim {}",
+            x.len(),
+            self.in_dim
+        );
+        let num_rows = x.len() / self.in_dim;
+        assert_eq!(out.len(), num_rows * self.out_dim, "out must be [num_rows, out_dim]");
+        if num_rows == 0 {
+            return;
+        }
+        let num_blocks = self.in_dim / self.format.block_len();
+        let job = Job {
+            matrix: self,
+            num_rows,
+            num_blocks,
+        };
+        let staging = grown(&mut scratch.staging, self.num_groups() * num_rows * GROUP);
+        match self.format {
+            Format::Q8_0 | Format::Q4_1 => {
+                let acts = grown(&mut scratch.q8, num_rows * num_blocks);
+                act::quantize_q8(x, acts);
+                job.run(acts, staging, kernel_q8(self.format, path));
+            }
+            Format::Q4K | Format::Q6K => {
+                let acts = grown(&mut scratch.q8k, num_rows * num_blocks);
+                act::quantize_q8k(x, acts);
+                job.run(acts, staging, kernel_q8k(self.format, path));
+            }
+            Format::F16 | Format::F32 => {
+                // Float weights read f32 activations directly: one "block" per input value.
+                job.run(x, staging, kernel_float(self.format, path));
+            }
+        }
+        self.scatter(staging, num_rows, out);
+    }
+
+    fn num_groups(&self) -> usize {
+        self.out_dim.div_ceil(GROUP)
+    }
+
+    /// `[num_groups][num_rows, 16]` → `[num_rows, out_dim]`, dropping the padding rows.
+    fn scatter(&self, staging: &[f32], num_rows: usize, out: &mut [f32]) {
+        let copy_row = |(r, out_row): (usize, &mut [f32])| {
+            for (g, dst) in out_row.chunks_mut(GROUP).enumerate() {
+                let at = (g * num_rows + r) * GROUP;
+                dst.copy_from_slice(&staging[at..at + dst.len()]);
+            }
+        };
+        if num_rows >= 8 {
+            out.par_chunks_mut(self.out_dim).enumerate().for_each(copy_row);
+        } else {
+            out.chunks_mut(self.out_dim).enumerate().for_each(copy_row);
+        }
+    }
+}
+
+/// A group kernel: `(group weights, acts [rows, blocks], out [rows, 16])`.
+type Kernel<A> = fn(&[u8], &[A], &mut [f32]);
+
+/// One matmul's work, split over groups of output rows.
+struct Job<'a> {
+    matrix: &'a QuantMatrix,
+    num_rows: usize,
+    num_blocks: usize,
+}
+
+impl Job<'_> {
+    fn run<A: Sync>(&self, acts: &[A], staging: &mut [f32], kernel: Kernel<A>) {
+        let group_bytes = self.num_blocks * self.matrix.format.group_block_bytes();
+        let group_out = self.num_rows * GROUP;
+        let num_groups = self.matrix.num_groups();
+        let row_chunks = self.num_rows.div_ceil(MAX_KERNEL_ROWS);
+        let run_group = |(g, out): (usize, &mut [f32])| {
+            let w = &self.matrix.packed[g * group_bytes..(g + 1) * group_bytes];
+            let act_rows = acts.chunks(MAX_KERNEL_ROWS * self.num_blocks);
+            for (a, o) in act_rows.zip(out.chunks_mut(MAX_KERNEL_ROWS * GROUP)) {
+                kernel(w, a, o);
+            }
+        };
+        if self.matrix.packed.len() * row_chunks <= SERIAL_BYTES {
+            staging.chunks_mut(group_out).enumerate().for_each(run_group);
+            return;
+        }
+        // A few tasks per thread balance uneven progress; each task takes whole groups.
+        let num_tasks = (rayon::current_num_threads() * 4).min(num_groups);
+        let per_task = num_groups.div_ceil(num_tasks);
+        staging
+            .par_chunks_mut(per_task * group_out)
+            .enumerate()
+            .for_each(|(task, out)| {
+                let first = task * per_task;
+                out.chunks_mut(group_out)
+                    .enumerate()
+                    .for_each(|(i, o)| run_group((first + i, o)));
+            });
+    }
+}
+
+/// `v[..n]`, growing `v` first if it is shorter.
+fn grown<T: Default + Clone>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
+}
+
+fn kernel_q8(format: Format, path: Dispatch) -> Kernel<ActQ8> {
+    match (format, path) {
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q8_0, Dispatch::Avx512) => avx512::q8_0,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q4_1, Dispatch::Avx512) => avx512::q4_1,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q8_0, Dispatch::Avx2) => avx2::q8_0,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q4_1, Dispatch::Avx2) => avx2::q4_1,
+        (Format::Q4_1, _) => scalar::q4_1,
+        _ => scalar::q8_0,
+    }
+}
+
+fn kernel_q8k(format: Format, path: Dispatch) -> Kernel<ActQ8K> {
+    match (format, path) {
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q4K, Dispatch::Avx512) => avx512::q4k,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q6K, Dispatch::Avx512) => avx512::q6k,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q4K, Dispatch::Avx2) => avx2::q4k,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q6K, Dispatch::Avx2) => avx2::q6k,
+        (Format::Q6K, _) => scalar::q6k,
+        _ => scalar::q4k,
+    }
+}
+
+fn kernel_float(format: Format, path: Dispatch) -> Kernel<f32> {
+    match (format, path) {
+        #[cfg(target_arch = "x86_64")]
+        (Format::F16, Dispatch::Avx512) => avx512::f16,
+        #[cfg(target_arch = "x86_64")]
+        (Format::F32, Dispatch::Avx512) => avx512::f32,
+        #[cfg(target_arch = "x86_64")]
+        (Format::F16, Dispatch::Avx2) => avx2::f16,
+        #[cfg(target_arch = "x86_64")]
+        (Format::F32, Dispatch::Avx2) => avx2::f32,
+        (Format::F16, _) => scalar::f16,
+        _ => scalar::f32,
+    }
+}

@@ -1,0 +1,92 @@
+//! Shared helpers for the engine tests: a generated test model, an engine over it, and a way to
+//! drain a request's events.
+#![allow(dead_code)]
+
+use mtpx::engine::{Engine, EngineConfig, EngineEvent, EventStream, GenerateRequest, Prompt};
+use mtpx::error::EngineError;
+use mtpx::model::test_model::{write_test_model, TestModelSpec};
+use mtpx::model::ModelBundle;
+use mtpx::sampling::SamplingParams;
+use mtpx::scheduler::{FinishReason, Usage};
+
+pub struct TestEngine {
+    pub engine: Engine,
+    _dir: tempfile::TempDir,
+}
+
+pub fn start_engine(spec: &TestModelSpec, cfg: EngineConfig) -> TestEngine {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_test_model(dir.path(), spec).unwrap();
+    let bundle = ModelBundle::load(&path).unwrap();
+    TestEngine {
+        engine: Engine::start(bundle, cfg).unwrap(),
+        _dir: dir,
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish: Option<FinishReason>,
+    pub usage: Usage,
+    pub error: Option<EngineError>,
+}
+
+pub async fn drain(mut stream: EventStream) -> Outcome {
+    let mut out = Outcome::default();
+    while let Some(event) = stream.recv().await {
+        match event {
+            EngineEvent::Started {
+                prompt_tokens,
+                cached_tokens,
+            } => {
+                out.prompt_tokens = prompt_tokens;
+                out.cached_tokens = cached_tokens;
+            }
+            EngineEvent::Delta { text, token_ids, .. } => {
+                out.text.push_str(&text);
+                out.token_ids.extend(token_ids);
+            }
+            EngineEvent::Finished { reason, usage } => {
+                out.finish = Some(reason);
+                out.usage = usage;
+            }
+            EngineEvent::Error(e) => out.error = Some(e),
+        }
+    }
+    out
+}
+
+pub fn greedy_tokens(tokens: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    let mut req = GenerateRequest::new(Prompt::Tokens(tokens));
+    req.max_tokens = Some(max_tokens);
+    req.sampling = SamplingParams::greedy();
+    // The random test model may emit an end-of-turn token anywhere; ban the special tokens (the
+    // last 9 ids of its vocabulary) so lengths are predictable.
+    req.sampling.logit_bias = (503..512).map(|id| (id, -100.0)).collect();
+    req
+}
+
+pub async fn run(engine: &Engine, req: GenerateRequest) -> Outcome {
+    match engine.submit(req).await {
+        Ok(stream) => drain(stream).await,
+        Err(e) => Outcome {
+            error: Some(e),
+            ..Outcome::default()
+        },
+    }
+}
+
+/// Deterministic pseudo-random token ids below `vocab` (avoiding the special tokens at the end).
+pub fn token_ids(seed: u64, n: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 33) % 500) as u32
+        })
+        .collect()
+}

@@ -1,0 +1,246 @@
+//! The actor runtime end to end on the generated test model: batching equals sequential
+//! execution, pages never leak through cancellations and disconnects, pool exhaustion queues or
+//! preempts without changing outputs, and the prefix cache skips shared prefills.
+
+mod common;
+
+use common::*;
+use mtpx::config::KvMemory;
+use mtpx::engine::{EngineConfig, GenerateRequest, Prompt};
+use mtpx::error::EngineError;
+use mtpx::kv::KvDtype;
+use mtpx::model::test_model::TestModelSpec;
+use mtpx::scheduler::FinishReason;
+use mtpx::session::SessionKey;
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        kv_memory: KvMemory::Bytes(64 << 20),
+        kv_dtype: KvDtype::F32,
+        ..EngineConfig::default()
+    }
+}
+
+#[actix_rt::test]
+async fn sixteen_concurrent_greedy_requests_equal_each_alone() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let prompts: Vec<Vec<u32>> = (0..16).map(|i| token_ids(i, 20 + 13 * i as usize)).collect();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        alone.push(run(&t.engine, greedy_tokens(p.clone(), 24)).await.token_ids);
+    }
+    let streams: Vec<_> = futures::future::join_all(
+        prompts
+            .iter()
+            .map(|p| t.engine.submit(greedy_tokens(p.clone(), 24))),
+    )
+    .await;
+    let together =
+        futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap()))).await;
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.len(), 24);
+        assert_eq!(*a, b.token_ids, "request {i} differs when batched");
+    }
+    assert!(t.engine.scheduler_stats().await.num_steps > 0);
+}
+
+#[actix_rt::test]
+async fn sixty_four_sessions_with_cancellations_and_disconnects_leak_no_pages() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let mut handles = Vec::new();
+    for i in 0..64u64 {
+        let mut req = greedy_tokens(token_ids(100 + i, 10 + (i as usize * 37) % 300), 8 + (i as usize % 40));
+        if i % 3 == 0 {
+            req.session = Some(SessionKey {
+                scope: String::new(),
+                session_id: format!("s{i}"),
+            });
+        }
+        let stream = t.engine.submit(req).await.unwrap();
+        handles.push((i, stream));
+    }
+    let mut finished = 0;
+    let mut cancelled = 0;
+    for (i, mut stream) in handles {
+        match i % 4 {
+            // Disconnect at once, or after the first event.
+            0 => drop(stream),
+            1 => {
+                let _ = stream.recv().await;
+                drop(stream);
+                cancelled += 1;
+            }
+            _ => {
+                let out = drain(stream).await;
+                assert!(out.error.is_none(), "{:?}", out.error);
+                assert!(matches!(out.finish, Some(FinishReason::Length | FinishReason::Stop)));
+                finished += 1;
+            }
+        }
+    }
+    assert!(finished >= 32 && cancelled >= 16);
+    // Every request ends; then with caches cleared nothing may remain allocated.
+    wait_until_idle(&t.engine).await;
+    t.engine.clear_caches().await;
+    let stats = t.engine.pool_stats().await;
+    assert_eq!(stats.num_used, 0, "{stats:?}");
+    assert!(t.engine.sessions().await.is_empty());
+}
+
+async fn wait_until_idle(engine: &mtpx::engine::Engine) {
+    for _ in 0..2000 {
+        let s = engine.scheduler_stats().await;
+        if s.num_running == 0 && s.num_waiting == 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+        actix_rt::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    panic!("the scheduler never became idle");
+}
+
+#[actix_rt::test]
+async fn pool_exhaustion_queues_or_preempts_and_outputs_stay_correct() {
+    // 24 pages of 16 tokens: room for ~384 tokens; eight requests want ~1,300 in all.
+    let spec = TestModelSpec::default();
+    let small = EngineConfig {
+        kv_memory: KvMemory::Bytes(24 * 2 * 2 * 2 * 16 * 16 * 4),
+        ..cfg()
+    };
+    let t = start_engine(&spec, small);
+    assert_eq!(t.engine.info().num_pages, 24);
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| token_ids(500 + i, 60 + 10 * i as usize)).collect();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        let out = run(&t.engine, greedy_tokens(p.clone(), 80)).await;
+        assert!(out.error.is_none(), "{:?}", out.error);
+        alone.push(out.token_ids);
+    }
+    let streams = futures::future::join_all(
+        prompts
+            .iter()
+            .map(|p| t.engine.submit(greedy_tokens(p.clone(), 80))),
+    )
+    .await;
+    let together =
+        futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap()))).await;
+    for (i, out) in together.iter().enumerate() {
+        assert!(out.error.is_none(), "request {i}: {:?}", out.error);
+        assert_eq!(out.token_ids, alone[i], "request {i} changed under memory pressure");
+    }
+    let stats = t.engine.scheduler_stats().await;
+    println!("preemptions under pressure: {}", stats.num_preemptions);
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0);
+}
+
+#[actix_rt::test]
+async fn a_shared_2000_token_prefix_is_prefilled_once() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let prefix = token_ids(7, 2000);
+    let mut a = prefix.clone();
+    a.extend(token_ids(8, 50));
+    let mut b = prefix.clone();
+    b.extend(token_ids(9, 70));
+    let first = run(&t.engine, greedy_tokens(a, 4)).await;
+    assert_eq!(first.cached_tokens, 0);
+    let second = run(&t.engine, greedy_tokens(b.clone(), 4)).await;
+    assert_eq!(second.cached_tokens, 2000 / 16 * 16, "only the suffix is prefilled");
+    assert_eq!(second.usage.cached_tokens, second.cached_tokens);
+    // The reused K/V is right: same tokens as a cold run.
+    t.engine.clear_caches().await;
+    let cold = run(&t.engine, greedy_tokens(b, 4)).await;
+    assert_eq!(cold.cached_tokens, 0);
+    assert_eq!(cold.token_ids, second.token_ids);
+}
+
+#[actix_rt::test]
+async fn requests_that_cannot_fit_are_refused_before_inference() {
+    let capped = EngineConfig {
+        context_window: Some(1000),
+        ..cfg()
+    };
+    let t = start_engine(&TestModelSpec::default(), capped);
+    assert_eq!(t.engine.info().context_window, 1000);
+    let out = run(&t.engine, greedy_tokens(token_ids(1, 900), 101)).await;
+    assert_eq!(
+        out.error,
+        Some(EngineError::ContextLengthExceeded {
+            prompt_tokens: 900,
+            max_tokens: 101,
+            context_window: 1000
+        })
+    );
+    // Without max_tokens the request may use the rest of the window.
+    let mut req = greedy_tokens(token_ids(1, 990), 1);
+    req.max_tokens = None;
+    let out = run(&t.engine, req).await;
+    assert_eq!(out.finish, Some(FinishReason::Length));
+    assert!(out.token_ids.len() <= 10);
+    let out = run(&t.engine, greedy_tokens(Vec::new(), 4)).await;
+    assert!(matches!(out.error, Some(EngineError::InvalidRequest(_))));
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0);
+}
+
+#[actix_rt::test]
+async fn a_full_queue_answers_overloaded() {
+    let tiny_queue = EngineConfig {
+        max_queue: 2,
+        ..cfg()
+    };
+    let t = start_engine(&TestModelSpec::default(), tiny_queue);
+    let mut streams = Vec::new();
+    let mut overloaded = 0;
+    for i in 0..12 {
+        match t.engine.submit(greedy_tokens(token_ids(i, 400), 4)).await {
+            Ok(s) => streams.push(s),
+            Err(EngineError::Overloaded { retry_after_s }) => {
+                assert!(retry_after_s >= 1);
+                overloaded += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(overloaded > 0);
+    for s in streams {
+        assert!(drain(s).await.error.is_none());
+    }
+}
+
+#[actix_rt::test]
+async fn stop_strings_end_the_request_and_are_not_emitted() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let free = run(&t.engine, greedy_tokens(token_ids(3, 30), 40)).await;
+    assert!(free.text.len() > 4, "{:?}", free.text);
+    // Stop at a piece of what the model says anyway.
+    let stop: String = free.text.chars().skip(2).take(2).collect();
+    let mut req = greedy_tokens(token_ids(3, 30), 40);
+    req.stop = vec![stop.clone()];
+    let out = run(&t.engine, req).await;
+    assert_eq!(out.finish, Some(FinishReason::Stop));
+    let cut = free.text.find(&stop).unwrap();
+    assert_eq!(out.text, free.text[..cut]);
+    wait_until_idle(&t.engine).await;
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0);
+}
+
+#[actix_rt::test]
+async fn a_chat_prompt_uses_the_models_template() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let messages = serde_json::json!([{"role": "user", "content": "hello"}]);
+    let mut req = GenerateRequest::new(Prompt::Chat {
+        messages,
+        tools: None,
+    });
+    req.max_tokens = Some(5);
+    let out = run(&t.engine, req).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    let expected = t
+        .engine
+        .tokenize(&Prompt::Text("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n".into()))
+        .await
+        .unwrap();
+    assert_eq!(out.prompt_tokens, expected.len());
+}

@@ -1,0 +1,277 @@
+//! CPU matmul kernels against an f64 reference, on every format and every dispatch path.
+//!
+//! Two references per case, both from candle's own dequantisation of the weights:
+//! - `loose`: the activations exactly as given, in f64. The kernels quantise activations to
+//!   int8 per 32 (Q8_0, Q4_1) or per 256 (Q4_K, Q6_K), so the relative L2 error
+//!   ‖ours − ref‖ / ‖ref‖ must stay below `LOOSE_REL_L2` (1.5e-2; about 6e-3 is typical).
+//! - `tight`: the same int8 activation quantisation applied first, then f64. What is left is
+//!   f32 rounding: per output, |ours − ref| ≤ 4e-7 · (num_blocks + 16) · Σₖ |wₖ · xₖ|.
+//!
+//! Every supported path must give bit-identical outputs, and row r of a batch must equal the
+//! row computed alone, to the bit.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use mtpx::kernels::{quantize_block, Dispatch, QuantMatrix, Scratch};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const LOOSE_REL_L2: f64 = 1.5e-2;
+const FORMATS: [GgmlDType; 7] = [
+    GgmlDType::Q8_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q4K,
+    GgmlDType::Q6K,
+    GgmlDType::F16,
+    GgmlDType::F32,
+];
+
+/// Roughly normal values with a per-row spread, like real weights and hidden states.
+fn random_values(n: usize, row_len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n / row_len {
+        let spread: f32 = rng.random_range(0.2..2.0);
+        for _ in 0..row_len {
+            let v: f32 = (0..4).map(|_| rng.random_range(-1.0f32..1.0)).sum();
+            out.push(v * spread);
+        }
+    }
+    out
+}
+
+/// Weights quantised to `dtype` by candle and the same weights dequantised by candle.
+fn weights(dtype: GgmlDType, out_dim: usize, in_dim: usize, seed: u64) -> (QTensor, Vec<f32>) {
+    let values = random_values(out_dim * in_dim, in_dim, seed);
+    let t = Tensor::from_vec(values, (out_dim, in_dim), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, dtype).unwrap();
+    let deq = q.dequantize(&Device::Cpu).unwrap();
+    (q, deq.flatten_all().unwrap().to_vec1().unwrap())
+}
+
+/// The activations the kernels see after their int8 quantisation.
+fn quantized_acts(dtype: GgmlDType, x: &[f32]) -> Vec<f32> {
+    let block = match dtype {
+        GgmlDType::Q4K | GgmlDType::Q6K => 256,
+        GgmlDType::F16 | GgmlDType::F32 => return x.to_vec(),
+        _ => 32,
+    };
+    let mut q = vec![0i8; block];
+    let mut out = Vec::with_capacity(x.len());
+    for xb in x.chunks(block) {
+        let d = quantize_block(xb, &mut q);
+        out.extend(q.iter().map(|&q| d * q as f32));
+    }
+    out
+}
+
+/// `[num_rows, out_dim]` in f64, and per output Σₖ |wₖ · xₖ| (the scale of rounding error).
+fn reference(w: &[f32], x: &[f32], in_dim: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut out = Vec::new();
+    let mut mag = Vec::new();
+    for xr in x.chunks(in_dim) {
+        for wr in w.chunks(in_dim) {
+            let (mut s, mut m) = (0f64, 0f64);
+            for (&a, &b) in wr.iter().zip(xr) {
+                s += a as f64 * b as f64;
+                m += (a as f64 * b as f64).abs();
+            }
+            out.push(s);
+            mag.push(m);
+        }
+    }
+    (out, mag)
+}
+
+fn run(m: &QuantMatrix, path: Dispatch, x: &[f32]) -> Vec<f32> {
+    let mut out = vec![f32::NAN; x.len() / m.in_dim() * m.out_dim()];
+    m.matmul_with(path, x, &mut out, &mut Scratch::new());
+    out
+}
+
+fn block_len(dtype: GgmlDType) -> usize {
+    match dtype {
+        GgmlDType::Q4K | GgmlDType::Q6K => 256,
+        GgmlDType::F16 | GgmlDType::F32 => 1,
+        _ => 32,
+    }
+}
+
+/// Checks one shape on every supported path against both references.
+fn check_case(dtype: GgmlDType, num_rows: usize, out_dim: usize, in_dim: usize, seed: u64) {
+    let (q, w) = weights(dtype, out_dim, in_dim, seed);
+    let m = QuantMatrix::from_qtensor(&q).unwrap();
+    let x = random_values(num_rows * in_dim, in_dim, seed ^ 0x5eed);
+    let (loose, _) = reference(&w, &x, in_dim);
+    let (tight, mag) = reference(&w, &quantized_acts(dtype, &x), in_dim);
+    let num_blocks = in_dim / block_len(dtype);
+    let scalar = run(&m, Dispatch::Scalar, &x);
+    let case = format!("{dtype:?} rows={num_rows} out={out_dim} in={in_dim}");
+    for (i, (&ours, (&t, &mag))) in scalar.iter().zip(tight.iter().zip(&mag)).enumerate() {
+        let bound = 4e-7 * (num_blocks + 16) as f64 * mag + 1e-30;
+        assert!((ours as f64 - t).abs() <= bound, "{case}: out[{i}] = {ours}, tight ref {t}");
+    }
+    let err: f64 = scalar.iter().zip(&loose).map(|(&o, &r)| (o as f64 - r).powi(2)).sum();
+    let norm: f64 = loose.iter().map(|r| r * r).sum();
+    let rel = (err / norm).sqrt();
+    assert!(rel <= LOOSE_REL_L2, "{case}: relative L2 error {rel:.2e} vs the f64 reference");
+    for path in Dispatch::supported() {
+        let got = run(&m, path, &x);
+        assert!(bitwise_eq(&got, &scalar), "{case}: {path:?} differs from Scalar");
+    }
+}
+
+fn bitwise_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// A typical `in_dim` for the format: 896 (Qwen 0.5B hidden) where blocks allow it.
+fn usual_in_dim(dtype: GgmlDType) -> usize {
+    match dtype {
+        GgmlDType::Q4K | GgmlDType::Q6K => 1536,
+        _ => 896,
+    }
+}
+
+#[test]
+fn every_format_matches_the_reference_for_1_to_17_rows() {
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        for num_rows in 1..=17 {
+            check_case(dtype, num_rows, 37, usual_in_dim(dtype), (f * 100 + num_rows) as u64);
+        }
+    }
+}
+
+#[test]
+fn every_format_matches_the_reference_for_64_and_512_rows() {
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        check_case(dtype, 64, 45, usual_in_dim(dtype), 7000 + f as u64);
+        check_case(dtype, 512, 33, usual_in_dim(dtype), 8000 + f as u64);
+    }
+}
+
+#[test]
+fn a_single_block_and_long_rows_match_the_reference() {
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        let single = block_len(dtype).max(32);
+        check_case(dtype, 3, 19, single, 9000 + f as u64);
+        check_case(dtype, 2, 21, 4864, 9100 + f as u64);
+        check_case(dtype, 2, 13, 8960, 9200 + f as u64);
+    }
+}
+
+#[test]
+fn very_narrow_matrices_match_the_reference() {
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        check_case(dtype, 5, 1, usual_in_dim(dtype), 9300 + f as u64);
+        check_case(dtype, 9, 3, usual_in_dim(dtype), 9400 + f as u64);
+    }
+}
+
+#[test]
+fn a_row_in_a_batch_equals_the_row_alone() {
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        let in_dim = usual_in_dim(dtype);
+        let (q, _) = weights(dtype, 53, in_dim, 9500 + f as u64);
+        let m = QuantMatrix::from_qtensor(&q).unwrap();
+        for num_rows in [9, 40] {
+            let x = random_values(num_rows * in_dim, in_dim, 9600 + f as u64);
+            for path in Dispatch::supported() {
+                let batch = run(&m, path, &x);
+                for (r, xr) in x.chunks(in_dim).enumerate() {
+                    let alone = run(&m, path, xr);
+                    let in_batch = &batch[r * 53..(r + 1) * 53];
+                    assert!(bitwise_eq(&alone, in_batch), "{dtype:?} {path:?} row {r}");
+                }
+            }
+        }
+    }
+}
+
+/// The 151936 × 896 output projection, as random Q8_0 blocks (built directly: quantising
+/// 136 M floats through candle would dominate the test). Reference: the blocks in f64.
+#[test]
+fn the_wide_output_projection_matches_on_every_path() {
+    let (out_dim, in_dim) = (151_936, 896);
+    let mut rng = ChaCha8Rng::seed_from_u64(42);
+    let num_blocks = out_dim * in_dim / 32;
+    let mut bytes = Vec::with_capacity(num_blocks * 34);
+    for _ in 0..num_blocks {
+        let d = half::f16::from_f32(rng.random_range(0.001f32..0.02));
+        bytes.extend_from_slice(&d.to_le_bytes());
+        bytes.extend((0..32).map(|_| rng.random_range(-127i8..=127) as u8));
+    }
+    let m = QuantMatrix::from_gguf_bytes(GgmlDType::Q8_0, &bytes, out_dim, in_dim).unwrap();
+    let x = random_values(2 * in_dim, in_dim, 43);
+    let xq = quantized_acts(GgmlDType::Q8_0, &x);
+    let scalar = run(&m, Dispatch::Scalar, &x);
+    for (j, block_row) in bytes.chunks(34 * in_dim / 32).enumerate().step_by(97) {
+        for (r, xr) in xq.chunks(in_dim).enumerate() {
+            let (mut s, mut mag) = (0f64, 0f64);
+            for (blk, xb) in block_row.chunks(34).zip(xr.chunks(32)) {
+                let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f64();
+                for (&q, &xv) in blk[2..].iter().zip(xb) {
+                    s += d * (q as i8) as f64 * xv as f64;
+                    mag += (d * (q as i8) as f64 * xv as f64).abs();
+                }
+            }
+            let ours = scalar[r * out_dim + j] as f64;
+            assert!((ours - s).abs() <= 4e-7 * 44.0 * mag, "row {r} out {j}: {ours} vs {s}");
+        }
+    }
+    for path in Dispatch::supported() {
+        assert!(bitwise_eq(&run(&m, path, &x), &scalar), "{path:?} differs from Scalar");
+    }
+}
+
+#[test]
+fn unsupported_formats_are_named() {
+    let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, GgmlDType::Q3K).unwrap();
+    let err = QuantMatrix::from_qtensor(&q).unwrap_err().to_string();
+    assert!(err.contains("Q3K"), "{err}");
+}
+
+#[test]
+fn forcing_a_path_is_refused_only_when_the_cpu_lacks_it() {
+    for path in Dispatch::ALL {
+        assert_eq!(Dispatch::force(Some(path)).is_ok(), path.is_supported());
+    }
+    Dispatch::force(None).unwrap();
+    assert!(Dispatch::active().is_supported());
+}
+
+#[test]
+fn zero_rows_is_a_no_op_and_scratch_is_reused_across_shapes() {
+    let (q, w) = weights(GgmlDType::Q8_0, 20, 64, 1);
+    let m = QuantMatrix::from_qtensor(&q).unwrap();
+    let mut scratch = Scratch::new();
+    m.matmul(&[], &mut [], &mut scratch);
+    for num_rows in [7, 1, 30, 2] {
+        let x = random_values(num_rows * 64, 64, num_rows as u64);
+        let mut out = vec![0f32; num_rows * 20];
+        m.matmul(&x, &mut out, &mut scratch);
+        assert!(bitwise_eq(&out, &run(&m, Dispatch::Scalar, &x)));
+        let (r, _) = reference(&w, &x, 64);
+        assert!((out[0] as f64 - r[0]).abs() < 0.05 * r[0].abs().max(1.0));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn small_random_shapes_agree_on_every_path(
+        f in 0usize..FORMATS.len(),
+        num_rows in 1usize..20,
+        out_dim in 1usize..40,
+        num_blocks in 1usize..4,
+        seed in 0u64..1000,
+    ) {
+        let dtype = FORMATS[f];
+        let in_dim = num_blocks * block_len(dtype).max(32);
+        check_case(dtype, num_rows, out_dim, in_dim, seed);
+    }
+}
