@@ -4,12 +4,14 @@
 //! `tests/run.sh` sets up (`MTPX_PYTHON`, default `.venv/bin/python`).
 
 use mtpx::kv::KvDtype;
+use mtpx::model::weights::WeightFormat;
 use mtpx::model::ModelBundle;
 use mtpx::runner::{argmax, SingleSequence};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TEXT: &str = include_str!("fixtures/tokenizer/corpus.txt");
+/// English prose, Python, Rust, JS, HTML and JSON: the kind of text the models are for.
+const TEXT: &str = include_str!("../src/model/test_model/corpus.txt");
 
 fn model_path(name: &str) -> PathBuf {
     let home = std::env::var_os("MTPX_HOME")
@@ -97,9 +99,14 @@ fn read_npy_f32(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
     (shape, data)
 }
 
-fn teacher_forced_parity(name: &str) {
+/// Teacher-forced logits against the reference. With `Dequantized` weights the forward pass
+/// must match to float precision (this checks the architecture: norms, rotary, attention,
+/// biases, tied output). With the production `Quantized` weights, activations are rounded to
+/// 8 bits for the integer dot products exactly as llama.cpp does, which moves logits by up to a
+/// few tenths and flips near-ties; that path gets a looser bound and its figures are reported.
+fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, max_delta: f32) {
     let path = model_path(name);
-    let bundle = ModelBundle::load(&path).unwrap();
+    let bundle = ModelBundle::load_as(&path, format).unwrap();
     let mut tokens = bundle.encode(TEXT).unwrap();
     tokens.truncate(256);
     assert_eq!(tokens.len(), 256);
@@ -111,28 +118,31 @@ fn teacher_forced_parity(name: &str) {
     assert_eq!(shape, vec![256, vocab]);
 
     let mut agree = 0;
-    let mut max_delta = 0f32;
+    let mut worst = 0f32;
     for pos in 0..256 {
         let a = &ours[pos * vocab..(pos + 1) * vocab];
         let b = &reference[pos * vocab..(pos + 1) * vocab];
         agree += usize::from(argmax(a) == argmax(b));
         for (x, y) in a.iter().zip(b) {
-            max_delta = max_delta.max((x - y).abs());
+            worst = worst.max((x - y).abs());
         }
     }
     let agreement = agree as f64 / 256.0;
-    println!("{name}: top-1 agreement {agreement:.4}, max |Δlogit| {max_delta:.4}");
-    assert!(agreement >= 0.99, "{name}: top-1 agreement {agreement}");
+    println!("{name} {format:?}: top-1 agreement {agreement:.4}, max |Δlogit| {worst:.4}");
+    assert!(agreement >= min_agreement, "{name}: top-1 agreement {agreement}");
+    assert!(worst <= max_delta, "{name}: max |Δlogit| {worst}");
 }
 
 #[test]
 fn smollm2_matches_the_numpy_reference_teacher_forced() {
-    teacher_forced_parity("smollm2-135m");
+    teacher_forced_parity("smollm2-135m", WeightFormat::Dequantized, 0.99, 0.01);
+    teacher_forced_parity("smollm2-135m", WeightFormat::Quantized, 0.95, 5.0);
 }
 
 #[test]
 fn qwen_coder_0_5b_matches_the_numpy_reference_teacher_forced() {
-    teacher_forced_parity("qwen2.5-coder-0.5b");
+    teacher_forced_parity("qwen2.5-coder-0.5b", WeightFormat::Dequantized, 0.99, 0.01);
+    teacher_forced_parity("qwen2.5-coder-0.5b", WeightFormat::Quantized, 0.95, 3.0);
 }
 
 #[test]

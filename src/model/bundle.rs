@@ -1,6 +1,7 @@
 //! A model as the rest of mtpx uses it: weights plus the tokenizer, chat template and stop
 //! tokens that come from the same GGUF file.
 
+use super::weights::WeightFormat;
 use super::Transformer;
 use crate::tokenizer::{load_tokenizer, ChatTemplate};
 use anyhow::{Context, Result};
@@ -19,7 +20,11 @@ pub struct ModelBundle {
 
 impl ModelBundle {
     pub fn load(path: &Path) -> Result<Self> {
-        let (transformer, content) = Transformer::load(path)?;
+        Self::load_as(path, WeightFormat::Quantized)
+    }
+
+    pub fn load_as(path: &Path, format: WeightFormat) -> Result<Self> {
+        let (transformer, content) = Transformer::load_as(path, format)?;
         let tokenizer = load_tokenizer(path, &content)
             .with_context(|| format!("building the tokenizer of {}", path.display()))?;
         let template = ChatTemplate::from_gguf(&content)?;

@@ -6,7 +6,7 @@ use super::config::{Arch, ModelConfig};
 use super::layers::{
     add_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place, Linear, RopeTable,
 };
-use super::weights::{linear_from_qtensor, GgufWeights};
+use super::weights::{linear_from_qtensor, GgufWeights, WeightFormat};
 use crate::error::KvError;
 use crate::kv::{paged_attention, AttentionRow, AttentionShape, KvShape, KvStorage};
 use crate::runner::batch::{ForwardOutput, OutputRow, OutputRows, SeqStep};
@@ -79,17 +79,26 @@ impl Transformer {
     /// Loads the weights and returns the GGUF metadata too (the tokenizer and chat template
     /// live there).
     pub fn load(path: &Path) -> Result<(Self, Content)> {
+        Self::load_as(path, WeightFormat::Quantized)
+    }
+
+    pub fn load_as(path: &Path, format: WeightFormat) -> Result<(Self, Content)> {
         let mut file = std::fs::File::open(path)
             .with_context(|| format!("opening model file {}", path.display()))?;
         let content = Content::read(&mut file)
             .with_context(|| format!("{} is not a readable GGUF file", path.display()))?;
-        let model = Self::from_gguf(&content, file, &path.display().to_string())?;
+        let model = Self::from_gguf(&content, file, &path.display().to_string(), format)?;
         Ok((model, content))
     }
 
-    pub fn from_gguf(content: &Content, file: std::fs::File, path: &str) -> Result<Self> {
+    pub fn from_gguf(
+        content: &Content,
+        file: std::fs::File,
+        path: &str,
+        format: WeightFormat,
+    ) -> Result<Self> {
         let config = ModelConfig::from_gguf(content)?;
-        let mut w = GgufWeights::new(content, file, path);
+        let mut w = GgufWeights::new(content, file, path, format);
         let embedding = Arc::new(w.qtensor("token_embd.weight")?);
         let blocks = (0..config.num_layers)
             .map(|i| Block::load(&mut w, &config, i))
@@ -99,7 +108,7 @@ impl Transformer {
             w.linear("output.weight", None)?
         } else {
             // Tied embeddings: the output projection is the embedding table.
-            linear_from_qtensor(w.qtensor("token_embd.weight")?, None)?
+            linear_from_qtensor(w.qtensor("token_embd.weight")?, None, format)?
         };
         let (rows, width) = embedding.shape().dims2()?;
         if width != config.hidden_size || lm_head.out_dim < config.vocab_size {

@@ -14,14 +14,27 @@ pub struct GgufWeights<'a> {
     pub content: &'a Content,
     file: File,
     path: String,
+    format: WeightFormat,
+}
+
+/// How matrices are kept in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// As stored (quantized); activations are quantized to 8 bits for the integer dot products.
+    #[default]
+    Quantized,
+    /// Dequantized to f32 at load: slow and large, but free of activation quantization. The
+    /// reference-parity tests use it to check the architecture itself to float precision.
+    Dequantized,
 }
 
 impl<'a> GgufWeights<'a> {
-    pub fn new(content: &'a Content, file: File, path: &str) -> Self {
+    pub fn new(content: &'a Content, file: File, path: &str, format: WeightFormat) -> Self {
         Self {
             content,
             file,
             path: path.to_string(),
+            format,
         }
     }
 
@@ -59,22 +72,24 @@ impl<'a> GgufWeights<'a> {
             Some(b) => self.optional_vector(b)?,
             None => None,
         };
-        linear_from_qtensor(qt, bias)
+        linear_from_qtensor(qt, bias, self.format)
     }
 }
 
-pub fn linear_from_qtensor(qt: QTensor, bias: Option<Vec<f32>>) -> Result<Linear> {
+pub fn linear_from_qtensor(
+    qt: QTensor,
+    bias: Option<Vec<f32>>,
+    format: WeightFormat,
+) -> Result<Linear> {
     let (out_dim, in_dim) = qt.shape().dims2()?;
-    let qt = match qt.dtype() {
-        GgmlDType::Q5_0 => q5_0_to_q8_0(&qt)?,
-        _ => qt,
+    let weight = match (format, qt.dtype()) {
+        (WeightFormat::Dequantized, _) => QMatMul::Tensor(qt.dequantize(&Device::Cpu)?),
+        (WeightFormat::Quantized, GgmlDType::Q5_0) => {
+            QMatMul::from_arc(Arc::new(q5_0_to_q8_0(&qt)?))?
+        }
+        (WeightFormat::Quantized, _) => QMatMul::from_arc(Arc::new(qt))?,
     };
-    Ok(Linear::new(
-        QMatMul::from_arc(Arc::new(qt))?,
-        bias,
-        out_dim,
-        in_dim,
-    ))
+    Ok(Linear::new(weight, bias, out_dim, in_dim))
 }
 
 /// Re-encodes Q5_0 blocks as Q8_0 without loss: a Q5_0 value is `(q − 16) · d` with
