@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod pull;

@@ -43,7 +43,11 @@ async fn file_of(engine: &Engine, num_tokens: usize, salt: usize) -> String {
                 i % 97, i * 13 % 1000, ["energy", "city", "map", "chart"][i % 4], i % 31, 100 + i % 400, i, i % 9 + 1
             ));
         }
-        let n = engine.tokenize(&Prompt::Text(text.clone())).await.unwrap().len();
+        let n = engine
+            .tokenize(&Prompt::Text(text.clone()))
+            .await
+            .unwrap()
+            .len();
         if n >= num_tokens {
             return text;
         }
@@ -81,7 +85,11 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
     };
     let t = start_engine(&spec, cfg);
     let engine = &t.engine;
-    assert_eq!(engine.info().context_window, WINDOW, "advertised window is the enforced one");
+    assert_eq!(
+        engine.info().context_window,
+        WINDOW,
+        "advertised window is the enforced one"
+    );
     let session = SessionKey {
         scope: String::new(),
         session_id: "agent".into(),
@@ -95,9 +103,11 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
     let first = run(engine, request(&messages, &session, 16)).await;
     assert!(first.error.is_none(), "{:?}", first.error);
     let index_html = file_of(engine, 3_400, 0).await;
-    messages.push(json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1",
+    messages.push(
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1",
         "type": "function", "function": {"name": "write",
-        "arguments": json!({"path": "index.html", "content": index_html}).to_string()}}]}));
+        "arguments": json!({"path": "index.html", "content": index_html}).to_string()}}]}),
+    );
     messages.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "wrote index.html"}));
 
     let mut previous_prompt = first.prompt_tokens;
@@ -115,7 +125,10 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
         );
         // Only the new tokens are prefilled: everything up to the previous prompt is reused
         // (less at most one page, where the new turn diverges inside a cached page).
-        assert!(out.cached_tokens + 16 > previous_prompt, "turn {turn} lost its KV");
+        assert!(
+            out.cached_tokens + 16 > previous_prompt,
+            "turn {turn} lost its KV"
+        );
         assert!(prefilled < out.prompt_tokens - previous_prompt + 16);
         crossed.0 |= out.prompt_tokens > 16_384;
         crossed.1 |= out.prompt_tokens > 19_295;
@@ -127,10 +140,18 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
         messages.push(json!({"role": "assistant", "content": "", "tool_calls": [{"id": format!("call_{turn}"),
             "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"part.js\"}"}}]}));
         let content = file_of(engine, 5_000, turn).await;
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": content}));
+        messages.push(
+            json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": content}),
+        );
     }
-    assert!(crossed.0 && crossed.1, "the session must pass 16,384 and 19,295 tokens");
-    assert!(previous_prompt > 60_000, "the session must approach the window");
+    assert!(
+        crossed.0 && crossed.1,
+        "the session must pass 16,384 and 19,295 tokens"
+    );
+    assert!(
+        previous_prompt > 60_000,
+        "the session must approach the window"
+    );
 
     // A turn that would cross the window is refused before inference, with the counts.
     messages.push(json!({"role": "user", "content": "Now write the whole app again."}));

@@ -24,7 +24,9 @@ fn cfg() -> EngineConfig {
 #[actix_rt::test]
 async fn sixteen_concurrent_greedy_requests_equal_each_alone() {
     let t = start_engine(&TestModelSpec::default(), cfg());
-    let prompts: Vec<Vec<u32>> = (0..16).map(|i| token_ids(i, 20 + 13 * i as usize)).collect();
+    let prompts: Vec<Vec<u32>> = (0..16)
+        .map(|i| token_ids(i, 20 + 13 * i as usize))
+        .collect();
     let mut alone = Vec::new();
     for p in &prompts {
         alone.push(run(&t.engine, greedy_tokens(p.clone(), 24)).await.token_ids);
@@ -35,8 +37,7 @@ async fn sixteen_concurrent_greedy_requests_equal_each_alone() {
             .map(|p| t.engine.submit(greedy_tokens(p.clone(), 24))),
     )
     .await;
-    let together =
-        futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap()))).await;
+    let together = futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap()))).await;
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), 24);
         assert_eq!(*a, b.token_ids, "request {i} differs when batched");
@@ -49,7 +50,10 @@ async fn sixty_four_sessions_with_cancellations_and_disconnects_leak_no_pages() 
     let t = start_engine(&TestModelSpec::default(), cfg());
     let mut handles = Vec::new();
     for i in 0..64u64 {
-        let mut req = greedy_tokens(token_ids(100 + i, 10 + (i as usize * 37) % 300), 8 + (i as usize % 40));
+        let mut req = greedy_tokens(
+            token_ids(100 + i, 10 + (i as usize * 37) % 300),
+            8 + (i as usize % 40),
+        );
         if i % 3 == 0 {
             req.session = Some(SessionKey {
                 scope: String::new(),
@@ -73,7 +77,10 @@ async fn sixty_four_sessions_with_cancellations_and_disconnects_leak_no_pages() 
             _ => {
                 let out = drain(stream).await;
                 assert!(out.error.is_none(), "{:?}", out.error);
-                assert!(matches!(out.finish, Some(FinishReason::Length | FinishReason::Stop)));
+                assert!(matches!(
+                    out.finish,
+                    Some(FinishReason::Length | FinishReason::Stop)
+                ));
                 finished += 1;
             }
         }
@@ -109,7 +116,9 @@ async fn pool_exhaustion_queues_or_preempts_and_outputs_stay_correct() {
     };
     let t = start_engine(&spec, small);
     assert_eq!(t.engine.info().num_pages, 24);
-    let prompts: Vec<Vec<u32>> = (0..8).map(|i| token_ids(500 + i, 60 + 10 * i as usize)).collect();
+    let prompts: Vec<Vec<u32>> = (0..8)
+        .map(|i| token_ids(500 + i, 60 + 10 * i as usize))
+        .collect();
     let mut alone = Vec::new();
     for p in &prompts {
         let out = run(&t.engine, greedy_tokens(p.clone(), 80)).await;
@@ -122,11 +131,13 @@ async fn pool_exhaustion_queues_or_preempts_and_outputs_stay_correct() {
             .map(|p| t.engine.submit(greedy_tokens(p.clone(), 80))),
     )
     .await;
-    let together =
-        futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap()))).await;
+    let together = futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap()))).await;
     for (i, out) in together.iter().enumerate() {
         assert!(out.error.is_none(), "request {i}: {:?}", out.error);
-        assert_eq!(out.token_ids, alone[i], "request {i} changed under memory pressure");
+        assert_eq!(
+            out.token_ids, alone[i],
+            "request {i} changed under memory pressure"
+        );
     }
     let stats = t.engine.scheduler_stats().await;
     println!("preemptions under pressure: {}", stats.num_preemptions);
@@ -145,7 +156,11 @@ async fn a_shared_2000_token_prefix_is_prefilled_once() {
     let first = run(&t.engine, greedy_tokens(a, 4)).await;
     assert_eq!(first.cached_tokens, 0);
     let second = run(&t.engine, greedy_tokens(b.clone(), 4)).await;
-    assert_eq!(second.cached_tokens, 2000 / 16 * 16, "only the suffix is prefilled");
+    assert_eq!(
+        second.cached_tokens,
+        2000 / 16 * 16,
+        "only the suffix is prefilled"
+    );
     assert_eq!(second.usage.cached_tokens, second.cached_tokens);
     // The reused K/V is right: same tokens as a cold run.
     t.engine.clear_caches().await;
@@ -239,7 +254,9 @@ async fn a_chat_prompt_uses_the_models_template() {
     assert!(out.error.is_none(), "{:?}", out.error);
     let expected = t
         .engine
-        .tokenize(&Prompt::Text("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n".into()))
+        .tokenize(&Prompt::Text(
+            "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n".into(),
+        ))
         .await
         .unwrap();
     assert_eq!(out.prompt_tokens, expected.len());

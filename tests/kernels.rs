@@ -111,15 +111,28 @@ fn check_case(dtype: GgmlDType, num_rows: usize, out_dim: usize, in_dim: usize, 
     let case = format!("{dtype:?} rows={num_rows} out={out_dim} in={in_dim}");
     for (i, (&ours, (&t, &mag))) in scalar.iter().zip(tight.iter().zip(&mag)).enumerate() {
         let bound = 4e-7 * (num_blocks + 16) as f64 * mag + 1e-30;
-        assert!((ours as f64 - t).abs() <= bound, "{case}: out[{i}] = {ours}, tight ref {t}");
+        assert!(
+            (ours as f64 - t).abs() <= bound,
+            "{case}: out[{i}] = {ours}, tight ref {t}"
+        );
     }
-    let err: f64 = scalar.iter().zip(&loose).map(|(&o, &r)| (o as f64 - r).powi(2)).sum();
+    let err: f64 = scalar
+        .iter()
+        .zip(&loose)
+        .map(|(&o, &r)| (o as f64 - r).powi(2))
+        .sum();
     let norm: f64 = loose.iter().map(|r| r * r).sum();
     let rel = (err / norm).sqrt();
-    assert!(rel <= LOOSE_REL_L2, "{case}: relative L2 error {rel:.2e} vs the f64 reference");
+    assert!(
+        rel <= LOOSE_REL_L2,
+        "{case}: relative L2 error {rel:.2e} vs the f64 reference"
+    );
     for path in Dispatch::supported() {
         let got = run(&m, path, &x);
-        assert!(bitwise_eq(&got, &scalar), "{case}: {path:?} differs from Scalar");
+        assert!(
+            bitwise_eq(&got, &scalar),
+            "{case}: {path:?} differs from Scalar"
+        );
     }
 }
 
@@ -139,7 +152,13 @@ fn usual_in_dim(dtype: GgmlDType) -> usize {
 fn every_format_matches_the_reference_for_1_to_17_rows() {
     for (f, dtype) in FORMATS.into_iter().enumerate() {
         for num_rows in 1..=17 {
-            check_case(dtype, num_rows, 37, usual_in_dim(dtype), (f * 100 + num_rows) as u64);
+            check_case(
+                dtype,
+                num_rows,
+                37,
+                usual_in_dim(dtype),
+                (f * 100 + num_rows) as u64,
+            );
         }
     }
 }
@@ -218,11 +237,17 @@ fn the_wide_output_projection_matches_on_every_path() {
                 }
             }
             let ours = scalar[r * out_dim + j] as f64;
-            assert!((ours - s).abs() <= 4e-7 * 44.0 * mag, "row {r} out {j}: {ours} vs {s}");
+            assert!(
+                (ours - s).abs() <= 4e-7 * 44.0 * mag,
+                "row {r} out {j}: {ours} vs {s}"
+            );
         }
     }
     for path in Dispatch::supported() {
-        assert!(bitwise_eq(&run(&m, path, &x), &scalar), "{path:?} differs from Scalar");
+        assert!(
+            bitwise_eq(&run(&m, path, &x), &scalar),
+            "{path:?} differs from Scalar"
+        );
     }
 }
 

@@ -129,7 +129,10 @@ fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, m
     }
     let agreement = agree as f64 / 256.0;
     println!("{name} {format:?}: top-1 agreement {agreement:.4}, max |Δlogit| {worst:.4}");
-    assert!(agreement >= min_agreement, "{name}: top-1 agreement {agreement}");
+    assert!(
+        agreement >= min_agreement,
+        "{name}: top-1 agreement {agreement}"
+    );
     assert!(worst <= max_delta, "{name}: max |Δlogit| {worst}");
 }
 

@@ -100,11 +100,15 @@ impl Engine {
             bail!("--kv-memory {budget} bytes cannot hold one {page_bytes}-byte KV page");
         }
         let model_ctx = bundle.transformer.config.context_length;
-        let context_window = [Some(model_ctx), cfg.context_window, Some(num_pages * cfg.page_size)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap();
+        let context_window = [
+            Some(model_ctx),
+            cfg.context_window,
+            Some(num_pages * cfg.page_size),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap();
         let info = EngineInfo {
             model_path: bundle.path.display().to_string(),
             context_window,
@@ -117,10 +121,8 @@ impl Engine {
         };
         let model = Arc::new(bundle.transformer);
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
-        let tokenizer = TokenizerActor::start(
-            Arc::new(bundle.tokenizer),
-            bundle.template.map(Arc::new),
-        );
+        let tokenizer =
+            TokenizerActor::start(Arc::new(bundle.tokenizer), bundle.template.map(Arc::new));
         let pool = PagePoolActor::new(num_pages, cfg.page_size).start();
         let registry = SessionRegistry::new(pool.clone(), cfg.page_size, cfg.session_ttl).start();
         let scheduler = SchedulerActor::new(SchedulerParts {
@@ -177,7 +179,9 @@ impl Engine {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
         if max_tokens == Some(0) {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         let max_tokens = max_tokens.unwrap_or(window.saturating_sub(prompt_tokens).max(1));
         if prompt_tokens + max_tokens > window {
@@ -212,10 +216,17 @@ impl Engine {
             Some(key) => (self.registry.send(GetOrCreate { key }).await?, false),
             None => {
                 let id = format!("request-{stream_id}");
-                (SessionActor::new(id, self.pool.clone(), self.info.page_size).start(), true)
+                (
+                    SessionActor::new(id, self.pool.clone(), self.info.page_size).start(),
+                    true,
+                )
             }
         };
-        let turn = session.send(BeginTurn { prompt: tokens.clone() }).await??;
+        let turn = session
+            .send(BeginTurn {
+                prompt: tokens.clone(),
+            })
+            .await??;
         let (seq_tx, seq_rx) = unbounded_channel();
         let prompt_tokens = tokens.len();
         let submission = Submission {
@@ -265,7 +276,10 @@ impl Engine {
     }
 
     pub async fn scheduler_stats(&self) -> SchedulerStats {
-        self.scheduler.send(GetSchedulerStats).await.unwrap_or_default()
+        self.scheduler
+            .send(GetSchedulerStats)
+            .await
+            .unwrap_or_default()
     }
 
     pub async fn kv_bytes_allocated(&self) -> usize {

@@ -51,36 +51,39 @@ impl Default for ActQ8K {
 /// Below this many activations, quantise on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
+/// Adding 1.5 · 2²³ rounds an |f32| < 2²² to an integer, half to even (the default rounding
+/// mode), in plain arithmetic that vectorises; `round_ties_even` would be a libm call.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
 /// Symmetric int8 quantisation of one block: `d = amax / 127`, round half to even.
+#[inline(always)]
 pub fn quantize_block(x: &[f32], qs: &mut [i8]) -> f32 {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // |v| as bits orders like |v| for every non-NaN f32, and an integer max vectorises.
+    let amax_bits = x.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF));
+    let amax = f32::from_bits(amax_bits);
     if amax == 0.0 {
         qs.fill(0);
         return 0.0;
     }
     let id = 127.0 / amax;
     for (q, v) in qs.iter_mut().zip(x) {
-        *q = (v * id).round_ties_even() as i8;
+        // In [2²³, 2²⁴) the ulp is 1, so the sum's low mantissa bits are the rounded integer.
+        *q = ((v * id + ROUND_MAGIC).to_bits() as i32 - ROUND_MAGIC.to_bits() as i32) as i8;
     }
     amax / 127.0
 }
 
-/// `x`: `[num_rows, in_dim]` → `out`: `[num_rows, in_dim / 32]`.
-pub fn quantize_q8(x: &[f32], out: &mut [ActQ8]) {
-    let run = |(xb, a): (&[f32], &mut ActQ8)| {
+#[inline(always)]
+fn q8_blocks(x: &[f32], out: &mut [ActQ8]) {
+    for (xb, a) in x.chunks_exact(32).zip(out) {
         a.d = quantize_block(xb, &mut a.qs);
         a.sum = a.qs.iter().map(|&q| q as i32).sum();
-    };
-    if x.len() >= PARALLEL_MIN {
-        x.par_chunks(32).zip(out.par_iter_mut()).for_each(run);
-    } else {
-        x.chunks(32).zip(out.iter_mut()).for_each(run);
     }
 }
 
-/// `x`: `[num_rows, in_dim]` → `out`: `[num_rows, in_dim / 256]`.
-pub fn quantize_q8k(x: &[f32], out: &mut [ActQ8K]) {
-    let run = |(xb, a): (&[f32], &mut ActQ8K)| {
+#[inline(always)]
+fn q8k_blocks(x: &[f32], out: &mut [ActQ8K]) {
+    for (xb, a) in x.chunks_exact(256).zip(out) {
         a.d = quantize_block(xb, &mut a.qs);
         for (s, q) in a.qs.chunks_exact(16).enumerate() {
             a.bsum16[s] = q.iter().map(|&q| q as i32).sum();
@@ -88,11 +91,54 @@ pub fn quantize_q8k(x: &[f32], out: &mut [ActQ8K]) {
         for s in 0..8 {
             a.bsum32[s] = (a.bsum16[2 * s] + a.bsum16[2 * s + 1]) as i16;
         }
+    }
+}
+
+/// Compiles `$body` a second time with AVX2 enabled so the loops vectorise; the arithmetic is
+/// the same IEEE operations either way, so the quants are identical.
+macro_rules! multiversion {
+    ($name:ident, $avx2:ident, $body:ident, $act:ty) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $avx2(x: &[f32], out: &mut [$act]) {
+            $body(x, out)
+        }
+
+        fn $name(x: &[f32], out: &mut [$act]) {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 was just detected; the body is safe code.
+                return unsafe { $avx2(x, out) };
+            }
+            $body(x, out)
+        }
     };
-    if x.len() >= PARALLEL_MIN {
-        x.par_chunks(256).zip(out.par_iter_mut()).for_each(run);
+}
+
+multiversion!(q8_rows, q8_rows_avx2, q8_blocks, ActQ8);
+multiversion!(q8k_rows, q8k_rows_avx2, q8k_blocks, ActQ8K);
+
+/// `x`: `[num_rows, in_dim]` → `out`: `[num_rows, in_dim / 32]`.
+pub fn quantize_q8(x: &[f32], out: &mut [ActQ8]) {
+    if x.len() >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+        let per_task = 64;
+        x.par_chunks(32 * per_task)
+            .zip(out.par_chunks_mut(per_task))
+            .for_each(|(x, out)| q8_rows(x, out));
     } else {
-        x.chunks(256).zip(out.iter_mut()).for_each(run);
+        q8_rows(x, out);
+    }
+}
+
+/// `x`: `[num_rows, in_dim]` → `out`: `[num_rows, in_dim / 256]`.
+pub fn quantize_q8k(x: &[f32], out: &mut [ActQ8K]) {
+    if x.len() >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+        let per_task = 8;
+        x.par_chunks(256 * per_task)
+            .zip(out.par_chunks_mut(per_task))
+            .for_each(|(x, out)| q8k_rows(x, out));
+    } else {
+        q8k_rows(x, out);
     }
 }
 

@@ -15,7 +15,10 @@ const HALF: usize = GROUP / 2;
 /// Checks what the `unsafe` kernels rely on: the CPU has the features and the slices hold
 /// `num_rows ≤ 16` rows of `num_blocks` blocks. Returns `(num_rows, num_blocks)`.
 fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize) {
-    assert!(Dispatch::Avx2.is_supported(), "AVX2 is not supported by this CPU");
+    assert!(
+        Dispatch::Avx2.is_supported(),
+        "AVX2 is not supported by this CPU"
+    );
     let num_rows = out.len() / GROUP;
     assert!(num_rows > 0 && num_rows <= MAX_KERNEL_ROWS && out.len() == num_rows * GROUP);
     assert!(acts.len().is_multiple_of(num_rows));
@@ -98,7 +101,10 @@ unsafe fn dot_signed(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 unsafe fn scaled_add(acc: __m256, dw: __m256, dx: f32, isum: __m256i) -> __m256 {
     _mm256_add_ps(
         acc,
-        _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(isum)),
+        _mm256_mul_ps(
+            _mm256_mul_ps(dw, _mm256_set1_ps(dx)),
+            _mm256_cvtepi32_ps(isum),
+        ),
     )
 }
 
@@ -179,10 +185,8 @@ unsafe fn q4k_impl(w: &[u8], acts: &[ActQ8K], out: &mut [f32], rows: usize, nb: 
                     il = dot(il, lo, bcast4(x.add(4 * t)));
                     ih = dot(ih, hi, bcast4(x.add(32 + 4 * t)));
                 }
-                let scaled = _mm256_add_epi32(
-                    _mm256_mullo_epi32(il, sc_lo),
-                    _mm256_mullo_epi32(ih, sc_hi),
-                );
+                let scaled =
+                    _mm256_add_epi32(_mm256_mullo_epi32(il, sc_lo), _mm256_mullo_epi32(ih, sc_hi));
                 *sacc = _mm256_add_epi32(*sacc, scaled);
             }
         }

@@ -16,7 +16,10 @@ use super::MAX_KERNEL_ROWS;
 /// Checks what the `unsafe` kernels rely on: the CPU has the features and the slices hold
 /// `num_rows ≤ 16` rows of `num_blocks` blocks. Returns `(num_rows, num_blocks)`.
 fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize) {
-    assert!(Dispatch::Avx512.is_supported(), "AVX-512 VNNI is not supported by this CPU");
+    assert!(
+        Dispatch::Avx512.is_supported(),
+        "AVX-512 VNNI is not supported by this CPU"
+    );
     let num_rows = out.len() / GROUP;
     assert!(num_rows > 0 && num_rows <= MAX_KERNEL_ROWS && out.len() == num_rows * GROUP);
     assert!(acts.len().is_multiple_of(num_rows));
@@ -25,13 +28,26 @@ fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize)
     (num_rows, num_blocks)
 }
 
+/// Activation rows one kernel call keeps in registers (its accumulators and `vpdpbusd`
+/// chains); a group's weights are re-read from L1/L2 for each further chunk of rows.
+const ROWS: usize = 4;
+
 macro_rules! safe_kernel {
     ($name:ident, $imp:ident, $format:expr, $act:ty) => {
         pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
-            let (num_rows, num_blocks) = check($format, w, acts, out);
-            // SAFETY: `check` proved the CPU features `$imp` enables, and the slice lengths its
-            // pointer arithmetic assumes (`num_blocks` blocks of `w`, `num_rows` rows).
-            unsafe { $imp(w, acts, out, num_rows, num_blocks) }
+            let (_, nb) = check($format, w, acts, out);
+            for (a, o) in acts.chunks(ROWS * nb).zip(out.chunks_mut(ROWS * GROUP)) {
+                // SAFETY: `check` proved the CPU features `$imp` enables and that `w` holds
+                // `nb` blocks; `a` and `o` hold the same number (1..=ROWS) of rows.
+                unsafe {
+                    match o.len() / GROUP {
+                        1 => $imp::<1>(w, a, o, nb),
+                        2 => $imp::<2>(w, a, o, nb),
+                        3 => $imp::<3>(w, a, o, nb),
+                        _ => $imp::<4>(w, a, o, nb),
+                    }
+                }
+            }
         }
     };
 }
@@ -69,100 +85,125 @@ unsafe fn bcast4(p: *const i8) -> __m512i {
 unsafe fn scaled_add(acc: __m512, dw: __m512, dx: f32, isum: __m512i) -> __m512 {
     _mm512_add_ps(
         acc,
-        _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum)),
+        _mm512_mul_ps(
+            _mm512_mul_ps(dw, _mm512_set1_ps(dx)),
+            _mm512_cvtepi32_ps(isum),
+        ),
     )
 }
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn store_rows(acc: &[__m512; MAX_KERNEL_ROWS], out: &mut [f32], num_rows: usize) {
-    for (r, acc) in acc.iter().enumerate().take(num_rows) {
-        _mm512_storeu_ps(out.as_mut_ptr().add(r * GROUP), *acc);
+unsafe fn store_rows<const R: usize>(acc: &[__m512; R], out: &mut [f32]) {
+    for (i, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add(i * GROUP), *acc);
     }
 }
 
+/// Pointers to block `b` of each of the `R` activation rows (`acts` is `[R, nb]`).
+#[inline(always)]
+unsafe fn rows_at<A, const R: usize>(acts: &[A], b: usize, nb: usize) -> [*const A; R] {
+    let mut rows = [std::ptr::null(); R];
+    for (i, row) in rows.iter_mut().enumerate() {
+        *row = acts.as_ptr().add(i * nb + b);
+    }
+    rows
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_impl(w: &[u8], acts: &[ActQ8], out: &mut [f32], num_rows: usize, nb: usize) {
-    let mut acc = [_mm512_setzero_ps(); MAX_KERNEL_ROWS];
+unsafe fn q8_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], nb: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
     let flip = _mm512_set1_epi8(-128);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q8_0.group_block_bytes());
-        let dw = f16x16(p);
-        let mut q = [_mm512_setzero_si512(); 8];
-        for (t, q) in q.iter_mut().enumerate() {
-            *q = _mm512_xor_si512(load(p.add(32 + 64 * t)), flip);
+        let a: [*const ActQ8; R] = rows_at(acts, b, nb);
+        // Two chains per row, so `vpdpbusd` latency does not bound a single row.
+        let mut even = [_mm512_setzero_si512(); R];
+        let mut odd = [_mm512_setzero_si512(); R];
+        for (even, &a) in even.iter_mut().zip(&a) {
+            *even = _mm512_set1_epi32(-128 * (*a).sum);
         }
-        for (r, acc) in acc.iter_mut().enumerate().take(num_rows) {
-            let a = acts.get_unchecked(r * nb + b);
-            let mut isum = _mm512_set1_epi32(-128 * a.sum);
-            for (t, &q) in q.iter().enumerate() {
-                isum = _mm512_dpbusd_epi32(isum, q, bcast4(a.qs.as_ptr().add(4 * t)));
+        for t in (0..8).step_by(2) {
+            let q0 = _mm512_xor_si512(load(p.add(32 + 64 * t)), flip);
+            let q1 = _mm512_xor_si512(load(p.add(96 + 64 * t)), flip);
+            for i in 0..R {
+                let x = (*a[i]).qs.as_ptr().add(4 * t);
+                even[i] = _mm512_dpbusd_epi32(even[i], q0, bcast4(x));
+                odd[i] = _mm512_dpbusd_epi32(odd[i], q1, bcast4(x.add(4)));
             }
-            *acc = scaled_add(*acc, dw, a.d, isum);
+        }
+        let dw = f16x16(p);
+        for i in 0..R {
+            let isum = _mm512_add_epi32(even[i], odd[i]);
+            acc[i] = scaled_add(acc[i], dw, (*a[i]).d, isum);
         }
     }
-    store_rows(&acc, out, num_rows);
+    store_rows(&acc, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_1_impl(w: &[u8], acts: &[ActQ8], out: &mut [f32], num_rows: usize, nb: usize) {
-    let mut acc = [_mm512_setzero_ps(); MAX_KERNEL_ROWS];
+unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], nb: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4_1.group_block_bytes());
-        let (dw, mw) = (f16x16(p), f16x16(p.add(32)));
-        let mut q = [_mm512_setzero_si512(); 8];
+        let a: [*const ActQ8; R] = rows_at(acts, b, nb);
+        let mut lo_sum = [_mm512_setzero_si512(); R];
+        let mut hi_sum = [_mm512_setzero_si512(); R];
         for t in 0..4 {
             let v = load(p.add(64 + 64 * t));
-            q[t] = _mm512_and_si512(v, m4);
-            q[t + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-        }
-        for (r, acc) in acc.iter_mut().enumerate().take(num_rows) {
-            let a = acts.get_unchecked(r * nb + b);
-            let mut isum = _mm512_setzero_si512();
-            for (t, &q) in q.iter().enumerate() {
-                isum = _mm512_dpbusd_epi32(isum, q, bcast4(a.qs.as_ptr().add(4 * t)));
+            let lo = _mm512_and_si512(v, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            for i in 0..R {
+                let x = (*a[i]).qs.as_ptr().add(4 * t);
+                lo_sum[i] = _mm512_dpbusd_epi32(lo_sum[i], lo, bcast4(x));
+                hi_sum[i] = _mm512_dpbusd_epi32(hi_sum[i], hi, bcast4(x.add(16)));
             }
-            let with_dot = scaled_add(*acc, dw, a.d, isum);
+        }
+        let (dw, mw) = (f16x16(p), f16x16(p.add(32)));
+        for i in 0..R {
+            let a = &*a[i];
+            let isum = _mm512_add_epi32(lo_sum[i], hi_sum[i]);
+            let with_dot = scaled_add(acc[i], dw, a.d, isum);
             let min = _mm512_mul_ps(
                 _mm512_mul_ps(mw, _mm512_set1_ps(a.d)),
                 _mm512_set1_ps(a.sum as f32),
             );
-            *acc = _mm512_add_ps(with_dot, min);
+            acc[i] = _mm512_add_ps(with_dot, min);
         }
     }
-    store_rows(&acc, out, num_rows);
+    store_rows(&acc, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_impl(w: &[u8], acts: &[ActQ8K], out: &mut [f32], num_rows: usize, nb: usize) {
-    let mut acc = [_mm512_setzero_ps(); MAX_KERNEL_ROWS];
+unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], nb: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4K.group_block_bytes());
-        let mut sacc = [_mm512_setzero_si512(); MAX_KERNEL_ROWS];
+        let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
+        let mut sacc = [_mm512_setzero_si512(); R];
         for pair in 0..4 {
-            let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(64 + 32 * pair).cast()));
-            let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(80 + 32 * pair).cast()));
-            let mut lo = [_mm512_setzero_si512(); 8];
-            let mut hi = [_mm512_setzero_si512(); 8];
+            let mut lo_sum = [_mm512_setzero_si512(); R];
+            let mut hi_sum = [_mm512_setzero_si512(); R];
             for t in 0..8 {
                 let v = load(p.add(320 + 512 * pair + 64 * t));
-                lo[t] = _mm512_and_si512(v, m4);
-                hi[t] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-            }
-            for (r, sacc) in sacc.iter_mut().enumerate().take(num_rows) {
-                let x = acts.get_unchecked(r * nb + b).qs.as_ptr().add(64 * pair);
-                let (mut il, mut ih) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                for t in 0..8 {
-                    il = _mm512_dpbusd_epi32(il, lo[t], bcast4(x.add(4 * t)));
-                    ih = _mm512_dpbusd_epi32(ih, hi[t], bcast4(x.add(32 + 4 * t)));
+                let lo = _mm512_and_si512(v, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                for i in 0..R {
+                    let x = (*a[i]).qs.as_ptr().add(64 * pair + 4 * t);
+                    lo_sum[i] = _mm512_dpbusd_epi32(lo_sum[i], lo, bcast4(x));
+                    hi_sum[i] = _mm512_dpbusd_epi32(hi_sum[i], hi, bcast4(x.add(32)));
                 }
+            }
+            let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(64 + 32 * pair).cast()));
+            let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(80 + 32 * pair).cast()));
+            for i in 0..R {
                 let scaled = _mm512_add_epi32(
-                    _mm512_mullo_epi32(il, sc_lo),
-                    _mm512_mullo_epi32(ih, sc_hi),
+                    _mm512_mullo_epi32(lo_sum[i], sc_lo),
+                    _mm512_mullo_epi32(hi_sum[i], sc_hi),
                 );
-                *sacc = _mm512_add_epi32(*sacc, scaled);
+                sacc[i] = _mm512_add_epi32(sacc[i], scaled);
             }
         }
         let (d, dmin) = (f16x16(p), f16x16(p.add(32)));
@@ -170,103 +211,124 @@ unsafe fn q4k_impl(w: &[u8], acts: &[ActQ8K], out: &mut [f32], num_rows: usize, 
         for (q, m) in mins.iter_mut().enumerate() {
             *m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(192 + 32 * q).cast()));
         }
-        for (r, acc) in acc.iter_mut().enumerate().take(num_rows) {
-            let a = acts.get_unchecked(r * nb + b);
+        for i in 0..R {
+            let a = &*a[i];
             let bsum = a.bsum32.as_ptr().cast::<i32>();
             let mut macc = _mm512_setzero_si512();
             for (q, &m) in mins.iter().enumerate() {
                 let pair = _mm512_set1_epi32(bsum.add(q).read_unaligned());
                 macc = _mm512_dpwssd_epi32(macc, m, pair);
             }
-            let with_dot = scaled_add(*acc, d, a.d, sacc[r]);
+            let with_dot = scaled_add(acc[i], d, a.d, sacc[i]);
             let min = _mm512_mul_ps(
                 _mm512_mul_ps(dmin, _mm512_set1_ps(a.d)),
                 _mm512_cvtepi32_ps(macc),
             );
-            *acc = _mm512_sub_ps(with_dot, min);
+            acc[i] = _mm512_sub_ps(with_dot, min);
         }
     }
-    store_rows(&acc, out, num_rows);
+    store_rows(&acc, out);
 }
 
-/// The two top bits of weight part `i` (bits `2i..2i + 2` of each qh byte) moved to bits 4–5.
+/// Step `t` of part `J` of half `n` of a Q6_K group-block: 6-bit weights `q` (0..=63) as u8.
+/// Low nibbles come from `ql` (high nibbles for parts 2 and 3), the top two bits from bits
+/// `2J..2J + 2` of `qh`, moved to bits 4–5.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn q6_high(h: __m512i, i: usize) -> __m512i {
-    let shifted = match i {
+unsafe fn q6_weights<const J: usize>(p: *const u8, n: usize, t: usize) -> __m512i {
+    let l = load(p.add(288 + 1024 * n + 512 * (J % 2) + 64 * t));
+    let l = if J >= 2 { _mm512_srli_epi16::<4>(l) } else { l };
+    let h = load(p.add(2336 + 512 * n + 64 * t));
+    let h = match J {
         0 => _mm512_slli_epi16::<4>(h),
         1 => _mm512_slli_epi16::<2>(h),
         2 => h,
         _ => _mm512_srli_epi16::<2>(h),
     };
-    _mm512_and_si512(shifted, _mm512_set1_epi8(0x30))
+    let l = _mm512_and_si512(l, _mm512_set1_epi8(0x0F));
+    _mm512_or_si512(l, _mm512_and_si512(h, _mm512_set1_epi8(0x30)))
+}
+
+/// Adds part `J` of half `n` (sub-blocks `s = 8n + 2J` and `s + 1`, 16 weights each) to each
+/// row's integer sum `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k_part<const R: usize, const J: usize>(
+    p: *const u8,
+    n: usize,
+    a: &[*const ActQ8K; R],
+    sacc: &mut [__m512i; R],
+) {
+    let s = 8 * n + 2 * J;
+    let mut first = [_mm512_setzero_si512(); R];
+    let mut second = [_mm512_setzero_si512(); R];
+    for i in 0..R {
+        first[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s]);
+        second[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s + 1]);
+    }
+    for t in 0..4 {
+        let q0 = q6_weights::<J>(p, n, t);
+        let q1 = q6_weights::<J>(p, n, t + 4);
+        for i in 0..R {
+            let x = (*a[i]).qs.as_ptr().add(128 * n + 32 * J + 4 * t);
+            first[i] = _mm512_dpbusd_epi32(first[i], q0, bcast4(x));
+            second[i] = _mm512_dpbusd_epi32(second[i], q1, bcast4(x.add(16)));
+        }
+    }
+    let sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * s).cast()));
+    let sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(48 + 16 * s).cast()));
+    for i in 0..R {
+        let scaled = _mm512_add_epi32(
+            _mm512_mullo_epi32(first[i], sc0),
+            _mm512_mullo_epi32(second[i], sc1),
+        );
+        sacc[i] = _mm512_add_epi32(sacc[i], scaled);
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6k_impl(w: &[u8], acts: &[ActQ8K], out: &mut [f32], num_rows: usize, nb: usize) {
-    let mut acc = [_mm512_setzero_ps(); MAX_KERNEL_ROWS];
-    let m4 = _mm512_set1_epi8(0x0F);
+unsafe fn q6k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], nb: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q6K.group_block_bytes());
-        let mut sacc = [_mm512_setzero_si512(); MAX_KERNEL_ROWS];
+        let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
+        let mut sacc = [_mm512_setzero_si512(); R];
         for n in 0..2 {
-            for i in 0..4 {
-                let mut q = [_mm512_setzero_si512(); 8];
-                for (t, q) in q.iter_mut().enumerate() {
-                    let l = load(p.add(288 + 1024 * n + 512 * (i % 2) + 64 * t));
-                    let l = if i >= 2 { _mm512_srli_epi16::<4>(l) } else { l };
-                    let h = q6_high(load(p.add(2336 + 512 * n + 64 * t)), i);
-                    *q = _mm512_or_si512(_mm512_and_si512(l, m4), h);
-                }
-                let s = 8 * n + 2 * i;
-                let sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * s).cast()));
-                let sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(48 + 16 * s).cast()));
-                for (r, sacc) in sacc.iter_mut().enumerate().take(num_rows) {
-                    let a = acts.get_unchecked(r * nb + b);
-                    let x = a.qs.as_ptr().add(128 * n + 32 * i);
-                    let mut i0 = _mm512_set1_epi32(-32 * a.bsum16[s]);
-                    let mut i1 = _mm512_set1_epi32(-32 * a.bsum16[s + 1]);
-                    for t in 0..4 {
-                        i0 = _mm512_dpbusd_epi32(i0, q[t], bcast4(x.add(4 * t)));
-                        i1 = _mm512_dpbusd_epi32(i1, q[t + 4], bcast4(x.add(16 + 4 * t)));
-                    }
-                    let scaled =
-                        _mm512_add_epi32(_mm512_mullo_epi32(i0, sc0), _mm512_mullo_epi32(i1, sc1));
-                    *sacc = _mm512_add_epi32(*sacc, scaled);
-                }
-            }
+            q6k_part::<R, 0>(p, n, &a, &mut sacc);
+            q6k_part::<R, 1>(p, n, &a, &mut sacc);
+            q6k_part::<R, 2>(p, n, &a, &mut sacc);
+            q6k_part::<R, 3>(p, n, &a, &mut sacc);
         }
         let d = f16x16(p);
-        for (r, acc) in acc.iter_mut().enumerate().take(num_rows) {
-            let a = acts.get_unchecked(r * nb + b);
-            *acc = scaled_add(*acc, d, a.d, sacc[r]);
+        for i in 0..R {
+            acc[i] = scaled_add(acc[i], d, (*a[i]).d, sacc[i]);
         }
     }
-    store_rows(&acc, out, num_rows);
+    store_rows(&acc, out);
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn f16_impl(w: &[u8], x: &[f32], out: &mut [f32], num_rows: usize, in_dim: usize) {
-    let mut acc = [_mm512_setzero_ps(); MAX_KERNEL_ROWS];
+unsafe fn f16_impl<const R: usize>(w: &[u8], x: &[f32], out: &mut [f32], in_dim: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
     for k in 0..in_dim {
         let wk = f16x16(w.as_ptr().add(32 * k));
-        for (r, acc) in acc.iter_mut().enumerate().take(num_rows) {
-            let xk = _mm512_set1_ps(*x.get_unchecked(r * in_dim + k));
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let xk = _mm512_set1_ps(*x.get_unchecked(i * in_dim + k));
             *acc = _mm512_add_ps(*acc, _mm512_mul_ps(wk, xk));
         }
     }
-    store_rows(&acc, out, num_rows);
+    store_rows(&acc, out);
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn f32_impl(w: &[u8], x: &[f32], out: &mut [f32], num_rows: usize, in_dim: usize) {
-    let mut acc = [_mm512_setzero_ps(); MAX_KERNEL_ROWS];
+unsafe fn f32_impl<const R: usize>(w: &[u8], x: &[f32], out: &mut [f32], in_dim: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
     for k in 0..in_dim {
         let wk = _mm512_loadu_ps(w.as_ptr().add(64 * k).cast());
-        for (r, acc) in acc.iter_mut().enumerate().take(num_rows) {
-            let xk = _mm512_set1_ps(*x.get_unchecked(r * in_dim + k));
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let xk = _mm512_set1_ps(*x.get_unchecked(i * in_dim + k));
             *acc = _mm512_add_ps(*acc, _mm512_mul_ps(wk, xk));
         }
     }
-    store_rows(&acc, out, num_rows);
+    store_rows(&acc, out);
 }

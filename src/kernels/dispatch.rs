@@ -98,7 +98,9 @@ fn from_env() -> Dispatch {
     match Dispatch::parse(&name) {
         Some(d) if d.is_supported() => d,
         Some(d) => {
-            eprintln!("MTPX_KERNEL={name}: {d:?} is not supported by this CPU; using the best path");
+            eprintln!(
+                "MTPX_KERNEL={name}: {d:?} is not supported by this CPU; using the best path"
+            );
             Dispatch::best()
         }
         None => {
@@ -110,7 +112,9 @@ fn from_env() -> Dispatch {
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 #[cfg(target_arch = "x86_64")]

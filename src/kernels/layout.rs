@@ -169,7 +169,11 @@ fn pack_q6k(src: &[u8], dst: &mut [u8], c: usize) {
     for n in 0..2 {
         for h in 0..2 {
             let at = 288 + 1024 * n + 512 * h;
-            interleave(&ql[64 * n + 32 * h..64 * n + 32 * h + 32], &mut dst[at..], c);
+            interleave(
+                &ql[64 * n + 32 * h..64 * n + 32 * h + 32],
+                &mut dst[at..],
+                c,
+            );
         }
         interleave(&qh[32 * n..32 * n + 32], &mut dst[2336 + 512 * n..], c);
     }

@@ -6,9 +6,14 @@
 //!
 //! How a call runs: the activations are quantised to int8 once (per 32 weights, or per 256 for
 //! K-quants); the output rows are split into groups of 16, and groups are shared out over
-//! rayon's pool. A kernel streams one group's weights once and applies each block to up to 16
-//! activation rows while it is in registers, so 9 rows cost about what 1 row costs when memory
-//! bound. More rows are handled 16 at a time while the group (a few tens of KiB) stays in L2.
+//! rayon's pool. For each group, a kernel applies every weight block to 4 activation rows while
+//! the block is in registers (accumulators and `vpdpbusd` chains stay in registers too); further
+//! rows re-read the group (a few to ~100 KiB) from L1/L2, never from DRAM. So a decode or
+//! verify step reads each weight from memory once, and prefill (rows taken 16 per group visit)
+//! is bound by integer throughput rather than bandwidth.
+//!
+//! Call from inside rayon's pool (e.g. the model worker's `ThreadPool::install`) where possible:
+//! a call from outside it pays a cross-thread hand-off (several µs) per matmul.
 //!
 //! Results are bit-identical across dispatch paths, thread counts and batch sizes: row `r` of a
 //! 9-row matmul equals row `r` computed alone, to the bit.
@@ -94,7 +99,9 @@ impl QuantMatrix {
                 tensor.shape()
             )));
         };
-        let data = tensor.data().map_err(|e| KernelError::Read(e.to_string()))?;
+        let data = tensor
+            .data()
+            .map_err(|e| KernelError::Read(e.to_string()))?;
         Self::from_gguf_bytes(tensor.dtype(), &data, out_dim, in_dim)
     }
 
@@ -139,7 +146,10 @@ impl QuantMatrix {
 
     /// `matmul` on an explicit path. Panics if the CPU lacks it or the shapes disagree.
     pub fn matmul_with(&self, path: Dispatch, x: &[f32], out: &mut [f32], scratch: &mut Scratch) {
-        assert!(path.is_supported(), "kernel path {path:?} is not supported by this CPU");
+        assert!(
+            path.is_supported(),
+            "kernel path {path:?} is not supported by this CPU"
+        );
         assert!(
             x.len().is_multiple_of(self.in_dim),
             "x has {} values, not a multiple of in_dim {}",
@@ -147,7 +157,11 @@ impl QuantMatrix {
             self.in_dim
         );
         let num_rows = x.len() / self.in_dim;
-        assert_eq!(out.len(), num_rows * self.out_dim, "out must be [num_rows, out_dim]");
+        assert_eq!(
+            out.len(),
+            num_rows * self.out_dim,
+            "out must be [num_rows, out_dim]"
+        );
         if num_rows == 0 {
             return;
         }
@@ -189,8 +203,10 @@ impl QuantMatrix {
                 dst.copy_from_slice(&staging[at..at + dst.len()]);
             }
         };
-        if num_rows >= 8 {
-            out.par_chunks_mut(self.out_dim).enumerate().for_each(copy_row);
+        if num_rows >= 64 && rayon::current_num_threads() > 1 {
+            out.par_chunks_mut(self.out_dim)
+                .enumerate()
+                .for_each(copy_row);
         } else {
             out.chunks_mut(self.out_dim).enumerate().for_each(copy_row);
         }
@@ -220,12 +236,16 @@ impl Job<'_> {
                 kernel(w, a, o);
             }
         };
-        if self.matrix.packed.len() * row_chunks <= SERIAL_BYTES {
-            staging.chunks_mut(group_out).enumerate().for_each(run_group);
+        let num_threads = rayon::current_num_threads();
+        if num_threads == 1 || self.matrix.packed.len() * row_chunks <= SERIAL_BYTES {
+            staging
+                .chunks_mut(group_out)
+                .enumerate()
+                .for_each(run_group);
             return;
         }
         // A few tasks per thread balance uneven progress; each task takes whole groups.
-        let num_tasks = (rayon::current_num_threads() * 4).min(num_groups);
+        let num_tasks = (num_threads * 4).min(num_groups);
         let per_task = num_groups.div_ceil(num_tasks);
         staging
             .par_chunks_mut(per_task * group_out)

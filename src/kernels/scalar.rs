@@ -40,7 +40,7 @@ pub fn q8_0(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
                 for k in 0..32 {
                     isum += byte(q, k / 4, c, k % 4) as i8 as i32 * a.qs[k] as i32;
                 }
-                *acc = *acc + (f16_at(wb, c) * a.d) * isum as f32;
+                *acc += (f16_at(wb, c) * a.d) * isum as f32;
             }
         }
         out.copy_from_slice(&acc);
@@ -130,7 +130,7 @@ pub fn q6k(w: &[u8], acts: &[ActQ8K], out: &mut [f32]) {
                         sacc += wb[32 + (s + 1) * GROUP + c] as i8 as i32 * sub[1];
                     }
                 }
-                *acc = *acc + (f16_at(wb, c) * a.d) * sacc as f32;
+                *acc += (f16_at(wb, c) * a.d) * sacc as f32;
             }
         }
         out.copy_from_slice(&acc);
@@ -139,7 +139,7 @@ pub fn q6k(w: &[u8], acts: &[ActQ8K], out: &mut [f32]) {
 
 /// `x`: `[num_rows, in_dim]` f32 activations (no quantisation); `acc = acc + w · x` in k order.
 pub fn f16(w: &[u8], x: &[f32], out: &mut [f32]) {
-    float(w, x, out, |wk, c| f16_at(wk, c))
+    float(w, x, out, f16_at)
 }
 
 pub fn f32(w: &[u8], x: &[f32], out: &mut [f32]) {
@@ -156,7 +156,7 @@ fn float(w: &[u8], x: &[f32], out: &mut [f32], weight: impl Fn(&[u8], usize) -> 
         let mut acc = [0f32; GROUP];
         for (wk, &xk) in w.chunks_exact(step).zip(xr) {
             for (c, acc) in acc.iter_mut().enumerate() {
-                *acc = *acc + weight(wk, c) * xk;
+                *acc += weight(wk, c) * xk;
             }
         }
         out.copy_from_slice(&acc);

@@ -111,7 +111,8 @@ impl Handler<LookupPrefix> for PagePoolActor {
 impl Handler<PublishPrefix> for PagePoolActor {
     type Result = Result<(), KvError>;
     fn handle(&mut self, msg: PublishPrefix, _: &mut Context<Self>) -> Self::Result {
-        self.cache.insert(&msg.tokens, &msg.page_ids, &mut self.pool)
+        self.cache
+            .insert(&msg.tokens, &msg.page_ids, &mut self.pool)
     }
 }
 

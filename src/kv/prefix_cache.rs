@@ -89,7 +89,9 @@ impl PrefixCache {
         let page_size = pool.page_size();
         self.clock += 1;
         for (i, key) in page_keys(tokens, page_size).into_iter().enumerate() {
-            let Some(&page_id) = page_ids.get(i) else { break };
+            let Some(&page_id) = page_ids.get(i) else {
+                break;
+            };
             if let Some(e) = self.entries.get_mut(&key) {
                 e.last_used = self.clock;
                 continue;

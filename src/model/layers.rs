@@ -3,9 +3,9 @@
 //! slices (`[num_rows, width]`) so that the forward pass stays free of tensor-op allocations.
 
 use super::config::RopeStyle;
+use crate::kernels::{QuantMatrix, Scratch};
 use anyhow::Result;
-use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
+use std::cell::RefCell;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
 pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -82,33 +82,36 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// A linear layer `y = x · Wᵀ (+ b)` over quantized weights `W: [out_dim, in_dim]`.
+/// A linear layer `y = x · Wᵀ (+ b)` over quantized weights `W: [out_dim, in_dim]`, computed
+/// by mtpx's own kernels (`crate::kernels`): each weight is read from memory once per call
+/// whatever the number of rows, which is what makes verify steps cheap.
 pub struct Linear {
-    weight: QMatMul,
+    weight: QuantMatrix,
     bias: Option<Vec<f32>>,
     pub in_dim: usize,
     pub out_dim: usize,
 }
 
+thread_local! {
+    /// Activation buffers of the thread running the forward pass (the model worker).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
+}
+
 impl Linear {
-    pub fn new(weight: QMatMul, bias: Option<Vec<f32>>, out_dim: usize, in_dim: usize) -> Self {
+    pub fn new(weight: QuantMatrix, bias: Option<Vec<f32>>) -> Self {
         Self {
+            in_dim: weight.in_dim(),
+            out_dim: weight.out_dim(),
             weight,
             bias,
-            in_dim,
-            out_dim,
         }
     }
 
     /// `x`: `[num_rows, in_dim]` → `[num_rows, out_dim]`.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         let num_rows = x.len() / self.in_dim;
-        let input = Tensor::from_slice(x, (num_rows, self.in_dim), &Device::Cpu)?;
-        let mut y = self
-            .weight
-            .forward(&input)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let mut y = vec![0f32; num_rows * self.out_dim];
+        SCRATCH.with(|s| self.weight.matmul(x, &mut y, &mut s.borrow_mut()));
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(self.out_dim) {
                 add_in_place(row, bias);

@@ -2,13 +2,12 @@
 //! biases become plain f32 vectors. A missing tensor is an error that names it.
 
 use super::layers::Linear;
+use crate::kernels::QuantMatrix;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
-use std::borrow::Cow;
 use std::fs::File;
-use std::sync::Arc;
 
 pub struct GgufWeights<'a> {
     pub content: &'a Content,
@@ -81,61 +80,12 @@ pub fn linear_from_qtensor(
     bias: Option<Vec<f32>>,
     format: WeightFormat,
 ) -> Result<Linear> {
-    let (out_dim, in_dim) = qt.shape().dims2()?;
-    let weight = match (format, qt.dtype()) {
-        (WeightFormat::Dequantized, _) => QMatMul::Tensor(qt.dequantize(&Device::Cpu)?),
-        (WeightFormat::Quantized, GgmlDType::Q5_0) => {
-            QMatMul::from_arc(Arc::new(q5_0_to_q8_0(&qt)?))?
+    let qt = match format {
+        WeightFormat::Dequantized => {
+            QTensor::quantize(&qt.dequantize(&Device::Cpu)?, GgmlDType::F32)?
         }
-        (WeightFormat::Quantized, _) => QMatMul::from_arc(Arc::new(qt))?,
+        WeightFormat::Quantized => qt,
     };
-    Ok(Linear::new(weight, bias, out_dim, in_dim))
-}
-
-/// Re-encodes Q5_0 blocks as Q8_0 without loss: a Q5_0 value is `(q − 16) · d` with
-/// `q − 16 ∈ [−16, 15]`, which an int8 with the same scale `d` holds exactly. candle's Q8_0
-/// kernels are several times faster than its Q5_0 ones, at 34 instead of 22 bytes per block.
-fn q5_0_to_q8_0(qt: &QTensor) -> Result<QTensor> {
-    const Q5_0_BYTES: usize = 22;
-    const Q8_0_BYTES: usize = 34;
-    let src = qt.data()?;
-    let num_blocks = src.len() / Q5_0_BYTES;
-    let mut dst = vec![0u8; num_blocks * Q8_0_BYTES];
-    for (s, d) in src
-        .chunks_exact(Q5_0_BYTES)
-        .zip(dst.chunks_exact_mut(Q8_0_BYTES))
-    {
-        d[..2].copy_from_slice(&s[..2]); // f16 scale
-        let qh = u32::from_le_bytes([s[2], s[3], s[4], s[5]]);
-        let qs = &s[6..22];
-        for j in 0..16 {
-            let high0 = (((qh >> j) << 4) & 0x10) as u8;
-            let high1 = ((qh >> (j + 12)) & 0x10) as u8;
-            let lo = ((qs[j] & 0x0f) | high0) as i16 - 16;
-            let hi = ((qs[j] >> 4) | high1) as i16 - 16;
-            d[2 + j] = lo as i8 as u8;
-            d[2 + j + 16] = hi as i8 as u8;
-        }
-    }
-    let storage = QStorage::from_data(Cow::Owned(dst), &Device::Cpu, GgmlDType::Q8_0)?;
-    Ok(QTensor::new(storage, qt.shape().clone())?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::Tensor;
-
-    #[test]
-    fn q5_0_to_q8_0_is_lossless() {
-        let values: Vec<f32> = (0..256)
-            .map(|i| ((i * 37) % 61) as f32 / 7.0 - 4.0)
-            .collect();
-        let t = Tensor::from_vec(values, (4, 64), &Device::Cpu).unwrap();
-        let q5 = QTensor::quantize(&t, GgmlDType::Q5_0).unwrap();
-        let q8 = q5_0_to_q8_0(&q5).unwrap();
-        let a = q5.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
-        let b = q8.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
-        assert_eq!(a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
-    }
+    let matrix = QuantMatrix::from_qtensor(&qt).map_err(anyhow::Error::msg)?;
+    Ok(Linear::new(matrix, bias))
 }

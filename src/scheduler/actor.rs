@@ -101,7 +101,9 @@ impl SchedulerActor {
 
     /// Ends a sequence: tells its stream, closes its session turn, frees throwaway pages.
     fn finish(&mut self, id: SeqId, outcome: Result<FinishReason, EngineError>) {
-        let Some(a) = self.active.remove(&id) else { return };
+        let Some(a) = self.active.remove(&id) else {
+            return;
+        };
         let event = match outcome {
             Ok(reason) => {
                 let now = Instant::now();
@@ -258,7 +260,9 @@ impl SchedulerActor {
         };
         for (batch_index, (id, tokens, page_ids)) in outcome.granted.into_iter().enumerate() {
             let g = *outcome.plan.grants.iter().find(|g| g.seq_id == id).unwrap();
-            let Some(a) = self.active.get_mut(&id) else { continue };
+            let Some(a) = self.active.get_mut(&id) else {
+                continue;
+            };
             a.seq.num_computed += tokens.len();
             a.seq.num_pages = page_ids.len();
             a.page_ids = page_ids;
@@ -269,7 +273,10 @@ impl SchedulerActor {
                 self.stats.prompt_tokens_computed += tokens.len() as u64;
             }
             if g.wants_logits {
-                let row = out.rows_of(batch_index).last().expect("logits were asked for");
+                let row = out
+                    .rows_of(batch_index)
+                    .last()
+                    .expect("logits were asked for");
                 self.sample_and_emit(id, &out, row);
             }
         }

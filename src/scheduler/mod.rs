@@ -6,7 +6,9 @@ pub mod events;
 pub mod plan;
 pub mod sequence;
 
-pub use actor::{Enqueue, GetSchedulerStats, SchedulerActor, SchedulerParts, SchedulerStats, Submission};
+pub use actor::{
+    Enqueue, GetSchedulerStats, SchedulerActor, SchedulerParts, SchedulerStats, Submission,
+};
 pub use events::{FinishReason, SeqEvent, Usage};
 pub use plan::{plan_step, Grant, SchedulerConfig, StepPlan};
 pub use sequence::{SeqId, Sequence};

@@ -146,7 +146,8 @@ impl Handler<Grow> for SessionActor {
         AtomicResponse::new(Box::pin(allocate.into_actor(self).map(
             move |granted: Result<Vec<PageId>, EngineError>, act, _| {
                 let pages = granted?;
-                act.table.push_granted(&pages, msg.tokens.len(), act.page_size);
+                act.table
+                    .push_granted(&pages, msg.tokens.len(), act.page_size);
                 act.tokens.extend_from_slice(&msg.tokens);
                 Ok(act.table.page_ids().to_vec())
             },

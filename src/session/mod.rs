@@ -4,5 +4,7 @@
 pub mod actor;
 pub mod registry;
 
-pub use actor::{BeginTurn, EndTurn, Grow, ReleaseAll, SessionActor, SessionInfo, Truncate, TurnStart};
+pub use actor::{
+    BeginTurn, EndTurn, Grow, ReleaseAll, SessionActor, SessionInfo, Truncate, TurnStart,
+};
 pub use registry::{SessionKey, SessionRegistry};

@@ -38,7 +38,9 @@ impl SessionRegistry {
     }
 
     fn expire(&mut self, key: SessionKey, ctx: &mut Context<Self>) {
-        let Some(entry) = self.sessions.get(&key) else { return };
+        let Some(entry) = self.sessions.get(&key) else {
+            return;
+        };
         let addr = entry.addr.clone();
         addr.send(TryExpire)
             .into_actor(self)
@@ -83,12 +85,16 @@ impl Handler<GetOrCreate> for SessionRegistry {
     fn handle(&mut self, msg: GetOrCreate, _: &mut Context<Self>) -> Self::Result {
         let pool = self.pool.clone();
         let page_size = self.page_size;
-        let entry = self.sessions.entry(msg.key.clone()).or_insert_with(|| Entry {
-            addr: SessionActor::new(msg.key.session_id.clone(), pool, page_size).start(),
-            last_used: Instant::now(),
-        });
+        let entry = self
+            .sessions
+            .entry(msg.key.clone())
+            .or_insert_with(|| Entry {
+                addr: SessionActor::new(msg.key.session_id.clone(), pool, page_size).start(),
+                last_used: Instant::now(),
+            });
         if !entry.addr.connected() {
-            entry.addr = SessionActor::new(msg.key.session_id, self.pool.clone(), page_size).start();
+            entry.addr =
+                SessionActor::new(msg.key.session_id, self.pool.clone(), page_size).start();
         }
         entry.last_used = Instant::now();
         MessageResult(entry.addr.clone())

@@ -62,9 +62,10 @@ pub struct EncodeChat {
 impl Handler<EncodeChat> for TokenizerActor {
     type Result = Result<Vec<u32>, EngineError>;
     fn handle(&mut self, msg: EncodeChat, _: &mut SyncContext<Self>) -> Self::Result {
-        let template = self.template.as_ref().ok_or_else(|| {
-            EngineError::InvalidRequest("this model has no chat template".into())
-        })?;
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidRequest("this model has no chat template".into()))?;
         let text = template
             .render(
                 &msg.messages,

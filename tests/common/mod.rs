@@ -46,7 +46,9 @@ pub async fn drain(mut stream: EventStream) -> Outcome {
                 out.prompt_tokens = prompt_tokens;
                 out.cached_tokens = cached_tokens;
             }
-            EngineEvent::Delta { text, token_ids, .. } => {
+            EngineEvent::Delta {
+                text, token_ids, ..
+            } => {
                 out.text.push_str(&text);
                 out.token_ids.extend(token_ids);
             }
@@ -82,10 +84,14 @@ pub async fn run(engine: &Engine, req: GenerateRequest) -> Outcome {
 
 /// Deterministic pseudo-random token ids below `vocab` (avoiding the special tokens at the end).
 pub fn token_ids(seed: u64, n: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 33) % 500) as u32
         })
         .collect()

@@ -1,0 +1,225 @@
+//! OpenAI chat messages → what the model's chat template is given.
+//!
+//! The messages are passed on as the client sent them (key order kept, so the rendered prompt
+//! matches `transformers`' `apply_chat_template` on the same input), normalised only where
+//! templates need it:
+//! - `developer` becomes `system` (the templates mtpx serves have no developer role);
+//! - `content` that is null or missing becomes `""`; an array of text parts is joined;
+//! - a tool call's `arguments` JSON string is parsed into an object (real Qwen/Hermes templates
+//!   apply `tojson` to it, as vLLM and llama.cpp do).
+//!
+//! `tool_choice`: `none` renders without tools (and tool calls are not parsed); `auto` is the
+//! default; `required` and a named function are honoured by a trailing system hint (the model
+//! is asked to call a tool / that function; output is not constrained).
+
+use super::errors::ApiError;
+use super::types::{ChatCompletionRequest, ToolChoice};
+use crate::engine::Prompt;
+use serde_json::{json, Map, Value};
+
+/// The template's input and how to read the output.
+#[derive(Debug, Clone)]
+pub struct ChatPrompt {
+    pub prompt: Prompt,
+    /// Parse `<tool_call>` blocks of the output into tool calls.
+    pub parse_tools: bool,
+    /// `parallel_tool_calls: false`.
+    pub single_call: bool,
+}
+
+/// Builds the prompt from the raw request object and its typed view.
+pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid(Some("messages"), "`messages` must not be empty"));
+    }
+    let raw_messages = raw
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::invalid(Some("messages"), "`messages` must be an array"))?;
+    let mut messages = raw_messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| normalize_message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let tool_names: Vec<&str> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| t.function.name.as_str())
+        .collect();
+    for (i, tool) in req.tools.iter().flatten().enumerate() {
+        if tool.kind != "function" {
+            return Err(ApiError::invalid(
+                Some(&format!("tools[{i}].type")),
+                format!("only `function` tools are supported, got `{}`", tool.kind),
+            ));
+        }
+    }
+    let mut use_tools = !tool_names.is_empty();
+    match &req.tool_choice {
+        None => {}
+        Some(ToolChoice::Mode(mode)) => match mode.as_str() {
+            "auto" => {}
+            "none" => use_tools = false,
+            "required" if use_tools => messages.push(hint(
+                "Respond only with one or more tool calls, using the tools provided.".into(),
+            )),
+            "required" => return Err(no_tools()),
+            other => {
+                return Err(ApiError::invalid(
+                    Some("tool_choice"),
+                    format!("`tool_choice` must be auto, none, required or a named function, got `{other}`"),
+                ))
+            }
+        },
+        Some(ToolChoice::Named(named)) => {
+            let name = &named.function.name;
+            if !tool_names.contains(&name.as_str()) {
+                return Err(ApiError::invalid(
+                    Some("tool_choice.function.name"),
+                    format!("`tool_choice` names `{name}`, which is not among `tools`"),
+                ));
+            }
+            messages.push(hint(format!(
+                "Respond only with a call of the function `{name}`."
+            )));
+        }
+    }
+    let tools = use_tools.then(|| raw.get("tools").cloned()).flatten();
+    Ok(ChatPrompt {
+        prompt: Prompt::Chat {
+            messages: Value::Array(messages),
+            tools,
+        },
+        parse_tools: use_tools,
+        single_call: req.parallel_tool_calls == Some(false),
+    })
+}
+
+fn no_tools() -> ApiError {
+    ApiError::invalid(
+        Some("tool_choice"),
+        "`tool_choice` is `required` but no `tools` were given",
+    )
+}
+
+fn hint(text: String) -> Value {
+    json!({"role": "system", "content": text})
+}
+
+fn normalize_message(i: usize, raw: &Value) -> Result<Value, ApiError> {
+    let mut m: Map<String, Value> = raw.as_object().cloned().unwrap_or_default();
+    if m.get("role").and_then(Value::as_str) == Some("developer") {
+        m.insert("role".into(), json!("system"));
+    }
+    let content = match m.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => join_parts(i, parts)?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{i}].content")),
+                "`content` must be a string or an array of text parts",
+            ))
+        }
+    };
+    m.insert("content".into(), Value::String(content));
+    if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
+        for call in calls.iter_mut() {
+            if let Some(args) = call.pointer_mut("/function/arguments") {
+                if let Value::String(s) = args {
+                    if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
+                        *args = v;
+                    }
+                }
+            }
+        }
+    } else if matches!(m.get("tool_calls"), Some(Value::Null)) {
+        m.remove("tool_calls");
+    }
+    Ok(Value::Object(m))
+}
+
+fn join_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or("text");
+        match (kind, part.get("text").and_then(Value::as_str)) {
+            ("text" | "input_text", Some(t)) => text.push_str(t),
+            _ => {
+                return Err(ApiError::invalid(
+                    Some(&format!("messages[{i}].content[{j}].type")),
+                    format!("only text content parts are supported, got `{kind}`"),
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::errors::from_value;
+
+    fn build_json(v: Value) -> Result<ChatPrompt, ApiError> {
+        let req: ChatCompletionRequest = from_value(&v)?;
+        build(&v, &req)
+    }
+
+    fn messages(p: &ChatPrompt) -> &Value {
+        match &p.prompt {
+            Prompt::Chat { messages, .. } => messages,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn messages_are_normalised_for_templates() {
+        let p = build_json(json!({"messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+        ]}))
+        .unwrap();
+        let m = messages(&p);
+        assert_eq!(m[0]["role"], "system");
+        assert_eq!(m[1]["content"], "ab");
+        assert_eq!(m[2]["content"], "");
+        assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert!(!p.parse_tools);
+    }
+
+    #[test]
+    fn tool_choice_none_drops_tools_and_named_must_exist() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let base = |choice: Value| {
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice})
+        };
+        let p = build_json(base(json!("none"))).unwrap();
+        assert!(!p.parse_tools);
+        assert!(matches!(p.prompt, Prompt::Chat { tools: None, .. }));
+        let p = build_json(base(json!("auto"))).unwrap();
+        assert!(p.parse_tools);
+        let p = build_json(base(json!({"type": "function", "function": {"name": "f"}}))).unwrap();
+        assert_eq!(messages(&p).as_array().unwrap().len(), 2, "a hint is appended");
+        let err = build_json(base(json!({"type": "function", "function": {"name": "g"}}))).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice.function.name"));
+        let err = build_json(base(json!("sometimes"))).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice"));
+    }
+
+    #[test]
+    fn bad_messages_name_their_field() {
+        let err = build_json(json!({"messages": []})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        let err = build_json(json!({"messages": [{"role": "robot", "content": "x"}]})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages[0].role"));
+        let err = build_json(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}))
+            .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages[0].content[0].type"));
+    }
+}

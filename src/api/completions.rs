@@ -1,0 +1,229 @@
+//! `POST /v1/completions` (the legacy text endpoint): a prompt string or token ids, streamed
+//! and not. `echo` and `suffix` are not supported and are refused with a 400 naming them;
+//! several prompts in one request are refused too (send one request per prompt).
+
+use super::auth::Authorized;
+use super::errors::{from_value, parse_object, read_body, ApiError};
+use super::generate::{self, collect, finish_reason, submit_all, Collected};
+use super::metrics::TokenClock;
+use super::sse;
+use super::types::*;
+use super::AppState;
+use crate::engine::{EngineEvent, Prompt};
+use crate::scheduler::Usage as EngineUsage;
+use actix_web::web::Bytes;
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures::StreamExt;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Create a text completion.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    request_body = CompletionRequest,
+    params(("X-Session-Id" = Option<String>, Header, description = "Continue a persistent session")),
+    responses(
+        (status = 200, description = "A completion, or an SSE stream of completion chunks when `stream` is true", body = CompletionResponse),
+        (status = 400, description = "Invalid request or `context_length_exceeded`", body = ErrorResponse),
+        (status = 401, body = ErrorResponse), (status = 404, body = ErrorResponse),
+        (status = 413, body = ErrorResponse), (status = 503, body = ErrorResponse),
+    )
+)]
+pub async fn completions(
+    auth: Authorized,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(&req, payload, state.config.max_body).await?;
+    let value = parse_object(&body)?;
+    let params: GenerationParams = from_value(&value)?;
+    let request: CompletionRequest = from_value(&value)?;
+    state.check_model(params.model.as_deref())?;
+    let engine = state.engine()?;
+    if request.echo == Some(true) {
+        return Err(ApiError::invalid(Some("echo"), "`echo` is not supported by this server"));
+    }
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(Some("suffix"), "`suffix` (fill-in-the-middle) is not supported by this server"));
+    }
+    let prompt = prompt_of(request.prompt, engine.info().vocab_size)?;
+    let session = generate::session_key(&req, &auth.scope)?;
+    let logprobs = request.logprobs.is_some();
+    let plan = generate::plan(&params, prompt, logprobs, request.logprobs.unwrap_or(0), session)
+        .map_err(|mut e| {
+            if e.param.as_deref() == Some("top_logprobs") {
+                e.param = Some("logprobs".into());
+            }
+            e
+        })?;
+    let streams = submit_all(engine, &plan).await?;
+    let id = generate::new_id("cmpl");
+    let created = super::unix_now();
+    if params.stream.unwrap_or(false) {
+        let include_usage = params.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let frames = text_frames(state.clone(), id, created, streams, include_usage);
+        return Ok(sse::response(frames, state.config.keep_alive));
+    }
+    let collected = futures::future::join_all(streams.into_iter().map(|s| collect(s, &state.metrics)))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs)))
+}
+
+fn prompt_of(input: PromptInput, vocab_size: usize) -> Result<Prompt, ApiError> {
+    match input {
+        PromptInput::Text(text) => Ok(Prompt::Text(text)),
+        PromptInput::Texts(mut texts) if texts.len() == 1 => Ok(Prompt::Text(texts.remove(0))),
+        PromptInput::Texts(_) => Err(ApiError::invalid(
+            Some("prompt"),
+            "send exactly one prompt per request (batched prompts are not supported)",
+        )),
+        PromptInput::Tokens(ids) => match ids.iter().find(|&&id| id as usize >= vocab_size) {
+            Some(id) => Err(ApiError::invalid(
+                Some("prompt"),
+                format!("token id {id} is outside the vocabulary of {vocab_size} tokens"),
+            )),
+            None => Ok(Prompt::Tokens(ids)),
+        },
+    }
+}
+
+fn response(
+    state: &AppState,
+    id: String,
+    created: u64,
+    collected: Vec<Collected>,
+    logprobs: bool,
+) -> CompletionResponse {
+    let usages: Vec<EngineUsage> = collected.iter().map(|c| c.usage).collect();
+    let usage = generate::usage(&usages);
+    state.metrics.count_usage(
+        usage.prompt_tokens,
+        usage.prompt_tokens_details.cached_tokens,
+        usage.completion_tokens,
+    );
+    let choices = collected
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| CompletionChoice {
+            index,
+            logprobs: logprobs.then(|| text_logprobs(state, &c, 0)),
+            finish_reason: c.finish.map(|r| finish_reason(r, false)),
+            text: c.text,
+        })
+        .collect();
+    CompletionResponse {
+        id,
+        object: "text_completion".into(),
+        created,
+        model: state.config.model_id.clone(),
+        choices,
+        usage: Some(usage),
+        timings: Some(generate::timings(&usages[0])),
+    }
+}
+
+/// The legacy logprobs shape; `offset` is where these tokens' text starts in the output.
+fn text_logprobs(state: &AppState, c: &Collected, offset: usize) -> CompletionLogprobs {
+    let text = |id: u32| state.detokenizer().ok().and_then(|d| d(&[id]).ok()).unwrap_or_default();
+    let mut out = CompletionLogprobs::default();
+    let mut at = offset;
+    for (i, &id) in c.token_ids.iter().enumerate() {
+        let token = text(id);
+        out.text_offset.push(at);
+        at += token.len();
+        out.tokens.push(token);
+        out.token_logprobs.push(c.logprobs.get(i).copied().flatten());
+        let top: BTreeMap<String, f32> = c
+            .top_logprobs
+            .get(i)
+            .into_iter()
+            .flatten()
+            .map(|&(alt, lp)| (text(alt), lp))
+            .collect();
+        out.top_logprobs.push(top);
+    }
+    out
+}
+
+/// SSE frames of a streamed text completion.
+fn text_frames(
+    state: web::Data<AppState>,
+    id: String,
+    created: u64,
+    streams: Vec<crate::engine::EventStream>,
+    include_usage: bool,
+) -> futures::stream::LocalBoxStream<'static, Bytes> {
+    let num_choices = streams.len();
+    let model = state.config.model_id.clone();
+    let frame = move |choices: Vec<CompletionChoice>, usage: Option<Usage>, timings: Option<Timings>| {
+        sse::data(&CompletionResponse {
+            id: id.clone(),
+            object: "text_completion".into(),
+            created,
+            model: model.clone(),
+            choices,
+            usage,
+            timings,
+        })
+    };
+    let clocks: Vec<TokenClock> = (0..num_choices).map(|_| TokenClock::start()).collect();
+    let usages: Vec<Option<EngineUsage>> = vec![None; num_choices];
+    let events = generate::merge(streams);
+    let init = (events, VecDeque::new(), clocks, usages, false);
+    futures::stream::unfold(init, move |(mut events, mut queue, mut clocks, mut usages, mut ended)| {
+        let state = state.clone();
+        let frame = frame.clone();
+        async move {
+            loop {
+                if let Some(f) = queue.pop_front() {
+                    return Some((f, (events, queue, clocks, usages, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                let Some((index, event)) = events.next().await else {
+                    let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
+                    if !all.is_empty() {
+                        let usage = generate::usage(&all);
+                        state.metrics.count_usage(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, usage.completion_tokens);
+                        if include_usage {
+                            queue.push_back(frame(Vec::new(), Some(usage), Some(generate::timings(&all[0]))));
+                        }
+                    }
+                    queue.push_back(sse::done());
+                    ended = true;
+                    continue;
+                };
+                let choice = |text: String, finish: Option<String>| CompletionChoice {
+                    index,
+                    text,
+                    logprobs: None,
+                    finish_reason: finish,
+                };
+                match event {
+                    EngineEvent::Started { .. } => {}
+                    EngineEvent::Delta { text, token_ids, .. } => {
+                        clocks[index].tokens(&state.metrics, token_ids.len());
+                        if !text.is_empty() {
+                            queue.push_back(frame(vec![choice(text, None)], None, None));
+                        }
+                    }
+                    EngineEvent::Finished { reason, usage } => {
+                        let finish = Some(finish_reason(reason, false));
+                        queue.push_back(frame(vec![choice(String::new(), finish)], None, Some(generate::timings(&usage))));
+                        usages[index] = Some(usage);
+                    }
+                    EngineEvent::Error(e) => {
+                        queue.push_back(sse::data(&ApiError::from(e).body()));
+                        queue.push_back(sse::done());
+                        ended = true;
+                    }
+                }
+            }
+        }
+    })
+    .boxed_local()
+}

@@ -1,0 +1,255 @@
+//! What chat and text completions share: request fields → [`GenerateRequest`]s (validated
+//! before anything is submitted), submitting `n` of them, collecting a finished choice, and
+//! usage/timings in OpenAI and llama.cpp shapes.
+
+use super::errors::ApiError;
+use super::metrics::{Metrics, TokenClock};
+use super::types::{GenerationParams, PromptTokensDetails, Timings, Usage};
+use crate::engine::{Engine, EngineEvent, EventStream, GenerateRequest, Prompt};
+use crate::error::EngineError;
+use crate::sampling::SamplingParams;
+use crate::scheduler::{FinishReason, Usage as EngineUsage};
+use crate::session::SessionKey;
+use actix_web::HttpRequest;
+
+/// The most choices one request may ask for.
+pub const MAX_CHOICES: usize = 8;
+/// The most stop strings one request may give.
+pub const MAX_STOP: usize = 16;
+/// The header that names a persistent session.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// Everything needed to submit a request's choices.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub prompt: Prompt,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub session: Option<SessionKey>,
+    pub num_choices: usize,
+}
+
+/// Validates the shared fields. `logprobs`/`top_logprobs` come from the endpoint's own fields.
+pub fn plan(
+    p: &GenerationParams,
+    prompt: Prompt,
+    logprobs: bool,
+    top_logprobs: u32,
+    session: Option<SessionKey>,
+) -> Result<Plan, ApiError> {
+    let num_choices = p.n.unwrap_or(1) as usize;
+    if !(1..=MAX_CHOICES).contains(&num_choices) {
+        return Err(ApiError::invalid(
+            Some("n"),
+            format!("`n` must be in 1..={MAX_CHOICES}, got {num_choices}"),
+        ));
+    }
+    let max_tokens = match (p.max_completion_tokens, p.max_tokens) {
+        (Some(0), _) => return Err(zero_tokens("max_completion_tokens")),
+        (None, Some(0)) => return Err(zero_tokens("max_tokens")),
+        (Some(n), _) | (None, Some(n)) => Some(n as usize),
+        (None, None) => None,
+    };
+    let stop: Vec<String> = p
+        .stop
+        .clone()
+        .map(|s| s.into_vec())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    if stop.len() > MAX_STOP {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            format!("at most {MAX_STOP} stop strings, got {}", stop.len()),
+        ));
+    }
+    Ok(Plan {
+        prompt,
+        max_tokens,
+        sampling: sampling_params(p, logprobs, top_logprobs)?,
+        stop,
+        session,
+        num_choices,
+    })
+}
+
+fn zero_tokens(field: &str) -> ApiError {
+    ApiError::invalid(Some(field), format!("`{field}` must be at least 1"))
+}
+
+/// OpenAI sampling fields onto the engine's [`SamplingParams`], validated (400 naming the field).
+pub fn sampling_params(
+    p: &GenerationParams,
+    logprobs: bool,
+    top_logprobs: u32,
+) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    let mut logit_bias = std::collections::BTreeMap::new();
+    for (key, bias) in p.logit_bias.iter().flatten() {
+        let id: u32 = key.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                Some("logit_bias"),
+                format!("`logit_bias` keys must be token ids, got `{key}`"),
+            )
+        })?;
+        logit_bias.insert(id, *bias);
+    }
+    let params = SamplingParams {
+        temperature: p.temperature.unwrap_or(d.temperature),
+        top_k: p.top_k.unwrap_or(d.top_k),
+        top_p: p.top_p.unwrap_or(d.top_p),
+        min_p: p.min_p.unwrap_or(d.min_p),
+        repetition_penalty: p.repetition_penalty.unwrap_or(d.repetition_penalty),
+        presence_penalty: p.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: p.frequency_penalty.unwrap_or(d.frequency_penalty),
+        logit_bias,
+        seed: p.seed.map(|s| s as u64),
+        logprobs,
+        top_logprobs,
+        ..d
+    };
+    params.validate()?;
+    Ok(params)
+}
+
+/// The session named by `X-Session-Id`, scoped to the caller's key.
+pub fn session_key(req: &HttpRequest, scope: &str) -> Result<Option<SessionKey>, ApiError> {
+    let Some(value) = req.headers().get(SESSION_HEADER) else {
+        return Ok(None);
+    };
+    let id = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.len() <= 256)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                Some("X-Session-Id"),
+                "`X-Session-Id` must be 1 to 256 visible ASCII characters",
+            )
+        })?;
+    Ok(Some(SessionKey {
+        scope: scope.to_string(),
+        session_id: id.to_string(),
+    }))
+}
+
+/// Submits every choice; all are admitted or none (a refusal cancels the ones before it).
+/// Choice `i` gets seed `seed + i`; only choice 0 continues the session.
+pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>, ApiError> {
+    let mut streams = Vec::with_capacity(plan.num_choices);
+    for i in 0..plan.num_choices {
+        let mut req = GenerateRequest::new(plan.prompt.clone());
+        req.max_tokens = plan.max_tokens;
+        req.sampling = plan.sampling.clone();
+        req.sampling.seed = plan.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        req.stop = plan.stop.clone();
+        req.session = if i == 0 { plan.session.clone() } else { None };
+        streams.push(engine.submit(req).await.map_err(ApiError::from)?);
+    }
+    Ok(streams)
+}
+
+/// One choice, run to its end.
+#[derive(Debug, Clone, Default)]
+pub struct Collected {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    pub finish: Option<FinishReason>,
+    pub usage: EngineUsage,
+}
+
+/// Drains a choice's events; an engine error mid-run becomes the error response.
+pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Collected, ApiError> {
+    let mut out = Collected::default();
+    let mut clock = TokenClock::start();
+    while let Some(event) = stream.recv().await {
+        match event {
+            EngineEvent::Started { .. } => {}
+            EngineEvent::Delta {
+                text,
+                token_ids,
+                logprobs,
+                top_logprobs,
+            } => {
+                clock.tokens(metrics, token_ids.len());
+                out.text.push_str(&text);
+                out.token_ids.extend(token_ids);
+                out.logprobs.extend(logprobs);
+                out.top_logprobs.extend(top_logprobs);
+            }
+            EngineEvent::Finished { reason, usage } => {
+                out.finish = Some(reason);
+                out.usage = usage;
+            }
+            EngineEvent::Error(e) => return Err(e.into()),
+        }
+    }
+    if out.finish.is_none() {
+        return Err(EngineError::Internal("the request ended without finishing".into()).into());
+    }
+    Ok(out)
+}
+
+/// OpenAI's name for a finish reason.
+pub fn finish_reason(reason: FinishReason, tool_calls: bool) -> String {
+    match reason {
+        FinishReason::Stop if tool_calls => "tool_calls",
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+    }
+    .to_string()
+}
+
+/// Usage over all choices: the prompt counted once, completions summed.
+pub fn usage(per_choice: &[EngineUsage]) -> Usage {
+    let first = per_choice.first().copied().unwrap_or_default();
+    let completion_tokens = per_choice.iter().map(|u| u.completion_tokens).sum();
+    Usage {
+        prompt_tokens: first.prompt_tokens,
+        completion_tokens,
+        total_tokens: first.prompt_tokens + completion_tokens,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: first.cached_tokens,
+        },
+    }
+}
+
+/// llama.cpp's `timings` for the first choice.
+pub fn timings(u: &EngineUsage) -> Timings {
+    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let prompt_n = u.prompt_tokens.saturating_sub(u.cached_tokens);
+    Timings {
+        cache_n: u.cached_tokens,
+        prompt_n,
+        prompt_ms: u.prompt_ms,
+        prompt_per_second: per_second(prompt_n, u.prompt_ms),
+        predicted_n: u.completion_tokens,
+        predicted_ms: u.decode_ms,
+        predicted_per_second: per_second(u.completion_tokens.saturating_sub(1), u.decode_ms),
+    }
+}
+
+/// A response id: `prefix-` and 24 random letters and digits.
+pub fn new_id(prefix: &str) -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    format!("{prefix}-{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+}
+
+/// Merges the choices' event streams into one of `(choice index, event)`.
+pub fn merge(
+    streams: Vec<EventStream>,
+) -> futures::stream::SelectAll<futures::stream::BoxStream<'static, (usize, EngineEvent)>> {
+    use futures::StreamExt;
+    futures::stream::select_all(streams.into_iter().enumerate().map(|(i, rx)| {
+        futures::stream::unfold(rx, move |mut rx| async move {
+            rx.recv().await.map(|event| ((i, event), rx))
+        })
+        .boxed()
+    }))
+}

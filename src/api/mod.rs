@@ -1,0 +1,227 @@
+//! The OpenAI-compatible HTTP edge: wire types, handlers, SSE framing, auth, metrics and the
+//! `serve` command.
+//!
+//! This layer owns everything a client sees (JSON shapes, status codes, SSE, tool-call parsing
+//! of the model's text) and nothing the engine owns: it never touches pages, sessions or the
+//! scheduler directly. It turns a request into an [`crate::engine::GenerateRequest`], submits it
+//! (admission happens there, before inference), and turns the engine's events into OpenAI
+//! responses or `chat.completion.chunk`s.
+//!
+//! Routes (see [`app_routes`]):
+//!
+//! | route | handler |
+//! | --- | --- |
+//! | `POST /v1/chat/completions` | [`chat`] (stream and not) |
+//! | `POST /v1/chat/completions/count` | [`tokens`]: count a chat's prompt tokens |
+//! | `POST /v1/completions` | [`completions`] |
+//! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
+//! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
+//! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
+//! | `GET /openapi.json` | [`openapi`] |
+//!
+//! With an API key configured, every route except `/health`, `/metrics` and `/openapi.json`
+//! needs it ([`auth`]), and session ids (`X-Session-Id`) are scoped to that key.
+
+pub mod auth;
+pub mod chat;
+pub mod chat_prompt;
+pub mod completions;
+pub mod cors;
+pub mod errors;
+pub mod generate;
+pub mod health;
+pub mod metrics;
+pub mod models;
+pub mod openapi;
+pub mod serve;
+pub mod sse;
+pub mod testing;
+pub mod tokens;
+pub mod tool_calls;
+pub mod types;
+
+use crate::engine::Engine;
+use actix_web::{web, HttpResponse};
+use errors::ApiError;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Token ids to text, for `/detokenize` and logprob token strings. The engine has no public
+/// detokenize call for arbitrary ids yet, so `serve` builds one from the model's tokenizer.
+pub type Detokenizer = Arc<dyn Fn(&[u32]) -> Result<String, String> + Send + Sync>;
+
+/// Builds a [`Detokenizer`] from a loaded model (before the bundle is given to the engine).
+pub fn detokenizer_of(bundle: &crate::model::ModelBundle) -> Detokenizer {
+    let tokenizer = bundle.tokenizer.clone();
+    Arc::new(move |ids: &[u32]| tokenizer.decode(ids, false).map_err(|e| e.to_string()))
+}
+
+/// Settings of the HTTP layer (not of the engine).
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The id clients name the model by (`/v1/models`); also accepted: `aliases`.
+    pub model_id: String,
+    pub aliases: Vec<String>,
+    /// When set, required on every route but `/health`, `/metrics`, `/openapi.json`.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (413 beyond).
+    pub max_body: usize,
+    /// SSE keep-alive comment interval while no token arrives.
+    pub keep_alive: Duration,
+    /// Origins allowed by CORS; empty means CORS is off.
+    pub cors_origins: Vec<String>,
+}
+
+impl ApiConfig {
+    pub fn new(model_id: impl Into<String>) -> Self {
+        Self {
+            model_id: model_id.into(),
+            aliases: Vec::new(),
+            api_key: None,
+            max_body: 16 << 20,
+            keep_alive: Duration::from_secs(5),
+            cors_origins: Vec::new(),
+        }
+    }
+}
+
+/// What every handler shares: the engine (once loaded), the config and the metrics.
+pub struct AppState {
+    pub config: ApiConfig,
+    pub metrics: metrics::Metrics,
+    engine: OnceLock<Engine>,
+    detokenizer: OnceLock<Detokenizer>,
+    /// Unix seconds at start (the model's `created`).
+    pub created: u64,
+}
+
+impl AppState {
+    /// A state that answers 503 until [`AppState::set_ready`].
+    pub fn new(config: ApiConfig) -> Self {
+        Self {
+            config,
+            metrics: metrics::Metrics::default(),
+            engine: OnceLock::new(),
+            detokenizer: OnceLock::new(),
+            created: unix_now(),
+        }
+    }
+
+    /// Makes the server ready. Called once, when the model is loaded and the engine started.
+    pub fn set_ready(&self, engine: Engine, detokenizer: Detokenizer) {
+        let _ = self.detokenizer.set(detokenizer);
+        if self.engine.set(engine).is_err() {
+            tracing::warn!("the engine was already set; ignoring the second one");
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.engine.get().is_some()
+    }
+
+    /// The engine, or 503 while the model is loading.
+    pub fn engine(&self) -> Result<&Engine, ApiError> {
+        self.engine.get().ok_or_else(ApiError::loading)
+    }
+
+    pub fn detokenizer(&self) -> Result<&Detokenizer, ApiError> {
+        self.detokenizer.get().ok_or_else(ApiError::loading)
+    }
+
+    /// `None` when `name` is absent (accepted); an error when it names another model.
+    pub fn check_model(&self, name: Option<&str>) -> Result<(), ApiError> {
+        match name {
+            None | Some("") => Ok(()),
+            Some(n) if n == self.config.model_id || self.config.aliases.iter().any(|a| a == n) => {
+                Ok(())
+            }
+            Some(n) => Err(ApiError::model_not_found(n)),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Registers every route on an actix-web `App` (see the module docs for the table), behind a
+/// middleware that counts responses by status and adds CORS headers when configured.
+pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| {
+        cfg.app_data(state)
+            .app_data(errors::json_config())
+            .app_data(errors::path_config())
+            .app_data(errors::query_config())
+            .service(
+                web::scope("")
+                    .wrap_fn(|req, srv| {
+                        use actix_web::dev::Service;
+                        let state = req.app_data::<web::Data<AppState>>().cloned();
+                        let origin = req
+                            .headers()
+                            .get(actix_web::http::header::ORIGIN)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string);
+                        let method = req.method().clone();
+                        let response = srv.call(req);
+                        async move {
+                            let mut res = response.await?;
+                            if let Some(state) = state {
+                                state.metrics.count_response(res.status().as_u16());
+                                let origins = &state.config.cors_origins;
+                                for (k, v) in cors::headers_for(origins, origin.as_deref(), &method) {
+                                    res.headers_mut().insert(k, v);
+                                }
+                            }
+                            Ok(res)
+                        }
+                    })
+                    .route("/health", web::get().to(health::health))
+                    .route("/metrics", web::get().to(metrics::metrics))
+                    .route("/openapi.json", web::get().to(openapi::openapi_json))
+                    .route("/v1/models", web::get().to(models::list_models))
+                    .route("/v1/models/{id:.*}", web::get().to(models::get_model))
+                    .route("/v1/chat/completions", web::post().to(chat::chat_completions))
+                    .route("/v1/chat/completions/count", web::post().to(tokens::count_chat))
+                    .route("/v1/completions", web::post().to(completions::completions))
+                    .route("/tokenize", web::post().to(tokens::tokenize))
+                    .route("/detokenize", web::post().to(tokens::detokenize))
+                    .default_service(web::to(not_found)),
+            );
+    }
+}
+
+/// Builds the HTTP server (not yet running) bound to `addr`; `signals`: stop gracefully on
+/// SIGINT/SIGTERM (off in tests).
+pub fn http_server(
+    state: web::Data<AppState>,
+    addr: (&str, u16),
+    workers: usize,
+    signals: bool,
+) -> std::io::Result<(actix_web::dev::Server, std::net::SocketAddr)> {
+    let mut server = actix_web::HttpServer::new(move || {
+        actix_web::App::new().configure(app_routes(state.clone()))
+    })
+    .workers(workers.max(1))
+    .shutdown_timeout(10)
+    .bind(addr)?;
+    if !signals {
+        server = server.disable_signals();
+    }
+    let bound = server
+        .addrs()
+        .first()
+        .copied()
+        .ok_or_else(|| std::io::Error::other("the server bound no address"))?;
+    Ok((server.run(), bound))
+}
+
+async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {
+    use actix_web::ResponseError;
+    if req.method() == actix_web::http::Method::OPTIONS {
+        return HttpResponse::NoContent().finish();
+    }
+    ApiError::not_found(&format!("{} {}", req.method(), req.path())).error_response()
+}

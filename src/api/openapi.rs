@@ -1,0 +1,87 @@
+//! `GET /openapi.json`: an OpenAPI 3 description of every route, generated from the wire types
+//! and the handlers' `#[utoipa::path]` annotations (fuzzers and SDK generators read it).
+
+use super::{chat, completions, health, metrics, models, tokens, types::*};
+use actix_web::HttpResponse;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "mtpx",
+        description = "OpenAI-compatible inference server for coding agents and chat. With an API key configured, every route but /health, /metrics and /openapi.json needs `Authorization: Bearer KEY` or `X-API-Key: KEY`."
+    ),
+    paths(
+        chat::chat_completions,
+        completions::completions,
+        models::list_models,
+        models::get_model,
+        tokens::tokenize,
+        tokens::detokenize,
+        tokens::count_chat,
+        health::health,
+        metrics::metrics,
+    ),
+    components(schemas(
+        ChatCompletionRequest, ChatMessage, Role, MessageContent, ContentPart, Tool, FunctionDef,
+        ToolChoice, NamedToolChoice, FunctionName, ToolCall, FunctionCall, GenerationParams,
+        StopSpec, StreamOptions, CompletionRequest, PromptInput, ChatCompletionResponse,
+        ChatChoice, AssistantMessage, ChatLogprobs, TokenLogprob, TopLogprob, ChatCompletionChunk,
+        ChunkChoice, ChunkDelta, ToolCallDelta, FunctionCallDelta, CompletionResponse,
+        CompletionChoice, CompletionLogprobs, Usage, PromptTokensDetails, Timings, ModelObject,
+        ModelList, TokenizeRequest, TokenizeResponse, DetokenizeRequest, DetokenizeResponse,
+        CountResponse, ErrorResponse, ErrorBody, HealthResponse,
+    )),
+    modifiers(&Security),
+    security(("bearer" = []), ("api_key" = []))
+)]
+pub struct ApiDoc;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+/// The document as JSON.
+pub fn document() -> serde_json::Value {
+    serde_json::to_value(ApiDoc::openapi()).unwrap_or_default()
+}
+
+pub async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok().json(document())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_route_is_described() {
+        let doc = super::document();
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+        for path in [
+            "/v1/chat/completions",
+            "/v1/chat/completions/count",
+            "/v1/completions",
+            "/v1/models",
+            "/v1/models/{id}",
+            "/tokenize",
+            "/detokenize",
+            "/health",
+            "/metrics",
+        ] {
+            assert!(doc["paths"].get(path).is_some(), "{path} is missing");
+        }
+        assert!(doc["components"]["schemas"]["ChatCompletionRequest"].is_object());
+    }
+}

@@ -1,0 +1,256 @@
+//! `mtpx serve`: the HTTP server over the engine.
+//!
+//! Order of start-up: check the security policy, bind and start answering (`/health` is 503
+//! while loading), resolve/pull and load the model on a background thread, start the engine on
+//! the actix system, then `/health` turns 200. SIGINT/SIGTERM stop the server gracefully
+//! (in-flight requests get up to 10 s, streams are cancelled after that) and the process exits 0.
+
+use super::{detokenizer_of, http_server, ApiConfig, AppState};
+use crate::cli::ModelArgs;
+use crate::engine::{Engine, EngineConfig};
+use crate::model::ModelBundle;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to bind. Binding beyond loopback needs --api-key (or --insecure-no-auth).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Cap on the context window (prompt + max_tokens); default: the model's, within the KV budget.
+    #[arg(long)]
+    pub context_window: Option<usize>,
+    /// Require this key on every /v1 route (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
+    #[arg(long, env = "MTPX_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Allow binding a non-loopback address without an API key.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// Most tokens computed per engine step.
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Most sequences per engine step.
+    #[arg(long, default_value_t = 64)]
+    pub max_seqs: usize,
+    /// Longest prefill chunk per sequence per step.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Requests waiting beyond this are refused with 503 overloaded.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Seconds an idle session keeps its KV.
+    #[arg(long, default_value_t = 3600)]
+    pub session_ttl: u64,
+    /// Largest request body (e.g. 16MiB, 1MB, 65536).
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub max_body: usize,
+    /// Allow browser requests from this origin (repeatable; `*` for any). CORS is off without it.
+    #[arg(long)]
+    pub cors_origin: Vec<String>,
+    /// HTTP worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Seconds between SSE keep-alive comments while a stream waits.
+    #[arg(long, default_value_t = 5)]
+    pub sse_keep_alive: u64,
+}
+
+/// `16MiB`, `1MB`, `64KiB`, `65536`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    let units: [(&str, usize); 7] = [
+        ("gib", 1 << 30),
+        ("mib", 1 << 20),
+        ("kib", 1 << 10),
+        ("gb", 1_000_000_000),
+        ("mb", 1_000_000),
+        ("kb", 1_000),
+        ("b", 1),
+    ];
+    let (num, scale) = units
+        .iter()
+        .find_map(|(u, scale)| lower.strip_suffix(u).map(|n| (n.trim(), *scale)))
+        .unwrap_or((lower.as_str(), 1));
+    num.parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0)
+        .map(|v| (v * scale as f64) as usize)
+        .ok_or_else(|| format!("bad size `{s}` (try 16MiB, 1MB, 65536)"))
+}
+
+impl ServeArgs {
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            page_size: self.model.page_size,
+            kv_memory: self.model.kv_memory,
+            kv_dtype: self.model.kv_dtype,
+            context_window: self.context_window,
+            max_batch_tokens: self.max_batch_tokens,
+            max_seqs: self.max_seqs,
+            prefill_chunk: self.prefill_chunk,
+            max_queue: self.max_queue,
+            session_ttl: Duration::from_secs(self.session_ttl),
+        }
+    }
+
+    /// The id clients use: the registry name, or the file stem of a path.
+    pub fn model_id(&self) -> String {
+        let name = self.model.model.trim();
+        if crate::pull::find_model(name).is_some() {
+            return name.to_string();
+        }
+        Path::new(name)
+            .file_stem()
+            .map_or_else(|| name.to_string(), |s| s.to_string_lossy().into_owned())
+    }
+
+    /// Refuses to expose an unauthenticated server beyond loopback.
+    pub fn check_security(&self) -> Result<()> {
+        let loopback = self.host == "localhost"
+            || self.host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if !loopback && self.api_key.is_none() && !self.insecure_no_auth {
+            bail!(
+                "refusing to bind {} without an API key: pass --api-key KEY (or MTPX_API_KEY), \
+                 or --insecure-no-auth to serve it open",
+                self.host
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Runs the server until SIGINT/SIGTERM.
+pub fn serve(args: ServeArgs) -> Result<()> {
+    args.check_security()?;
+    actix_rt::System::new().block_on(run(args))
+}
+
+async fn run(args: ServeArgs) -> Result<()> {
+    let model_id = args.model_id();
+    let mut config = ApiConfig::new(model_id.clone());
+    config.aliases = vec![args.model.model.clone()];
+    config.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    config.max_body = args.max_body;
+    config.keep_alive = Duration::from_secs(args.sse_keep_alive.max(1));
+    config.cors_origins = args.cors_origin.clone();
+    let state = actix_web::web::Data::new(AppState::new(config));
+    let (server, addr) = http_server(state.clone(), (&args.host, args.port), args.workers, true)
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    tracing::info!(
+        "listening on http://{addr} (auth: {}, CORS: {:?}, max body {} bytes); loading {}",
+        if state.config.api_key.is_some() { "API key" } else { "none" },
+        state.config.cors_origins,
+        state.config.max_body,
+        args.model.model
+    );
+    let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+    let handle = server.handle();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let name = args.model.model.clone();
+    std::thread::spawn(move || {
+        let loaded = crate::pull::resolve_model(&name, true).and_then(|path| {
+            ModelBundle::load(&path).with_context(|| format!("loading {}", path.display()))
+        });
+        let _ = tx.send(loaded);
+    });
+    let engine_cfg = args.engine_config();
+    let fail = failure.clone();
+    actix_rt::spawn(async move {
+        let started = match rx.await {
+            Ok(Ok(bundle)) => {
+                let detokenizer = detokenizer_of(&bundle);
+                Engine::start(bundle, engine_cfg.clone()).map(|engine| (engine, detokenizer))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(anyhow::anyhow!("the model loader thread died")),
+        };
+        match started {
+            Ok((engine, detokenizer)) => {
+                log_config(&model_id, &engine, &engine_cfg);
+                state.set_ready(engine, detokenizer);
+            }
+            Err(e) => {
+                tracing::error!("cannot serve: {e:#}");
+                *fail.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                handle.stop(false).await;
+            }
+        }
+    });
+    server.await.context("running the HTTP server")?;
+    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn log_config(model_id: &str, engine: &Engine, cfg: &EngineConfig) {
+    let info = engine.info();
+    tracing::info!(
+        "ready: model {model_id} ({}), context window {} tokens (model {}), KV {:.1} MiB = {} pages × {} tokens ({:?}), \
+         max batch tokens {}, max seqs {}, prefill chunk {}, max queue {}, session TTL {} s",
+        info.model_path,
+        info.context_window,
+        info.model_context_length,
+        info.kv_budget_bytes as f64 / 1048576.0,
+        info.num_pages,
+        info.page_size,
+        info.kv_dtype,
+        cfg.max_batch_tokens,
+        cfg.max_seqs,
+        cfg.prefill_chunk,
+        cfg.max_queue,
+        cfg.session_ttl.as_secs()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> ServeArgs {
+        Cli::parse_from(std::iter::once("serve").chain(args.iter().copied())).serve
+    }
+
+    #[test]
+    fn defaults_are_safe() {
+        let a = parse(&[]);
+        assert_eq!(a.host, "127.0.0.1");
+        assert_eq!(a.port, 8080);
+        assert_eq!(a.max_body, 16 << 20);
+        assert_eq!(a.model_id(), "qwen2.5-coder-0.5b");
+        assert!(a.check_security().is_ok());
+    }
+
+    #[test]
+    fn an_open_non_loopback_bind_is_refused() {
+        assert!(parse(&["--host", "0.0.0.0"]).check_security().is_err());
+        assert!(parse(&["--host", "0.0.0.0", "--api-key", "k"]).check_security().is_ok());
+        assert!(parse(&["--host", "0.0.0.0", "--insecure-no-auth"]).check_security().is_ok());
+        assert!(parse(&["--host", "::1"]).check_security().is_ok());
+    }
+
+    #[test]
+    fn sizes_and_model_ids_parse() {
+        assert_eq!(parse_size("1MB"), Ok(1_000_000));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("lots").is_err());
+        assert_eq!(parse(&["--model", "/tmp/x/test-model.gguf"]).model_id(), "test-model");
+    }
+}

@@ -1,0 +1,437 @@
+//! OpenAI wire types (serde + utoipa schemas). Requests ignore unknown fields; a known field of
+//! the wrong type is refused naming its path (see [`super::errors::from_value`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+// ---------------------------------------------------------------- requests
+
+/// Fields shared by chat and text completions.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct GenerationParams {
+    /// The served model's id; may be omitted.
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    /// Preferred over `max_tokens` when both are given.
+    pub max_completion_tokens: Option<u32>,
+    /// 0..=2; 0 is greedy. Default 1.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// 0 = off.
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string) to a bias in -100..=100.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopSpec>,
+    /// Number of choices, 1..=8.
+    pub n: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    /// `false` keeps only the first tool call of a reply.
+    pub parallel_tool_calls: Option<bool>,
+    pub logprobs: Option<bool>,
+    /// 0..=20; needs `logprobs`.
+    pub top_logprobs: Option<u32>,
+    #[serde(flatten)]
+    pub params: GenerationParams,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    /// Treated as `system` (the chat templates mtpx serves have no developer role).
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatMessage {
+    pub role: Role,
+    /// A string or an array of text parts; may be null for an assistant message with tool calls.
+    pub content: Option<MessageContent>,
+    pub name: Option<String>,
+    pub tool_calls: Option<Vec<ToolCall>>,
+    pub tool_call_id: Option<String>,
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ContentPart {
+    /// Only `text` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+}
+
+/// `"auto"`, `"none"`, `"required"`, or `{"type": "function", "function": {"name": …}}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Named(NamedToolChoice),
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionName,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct FunctionName {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as a JSON-encoded string (an object is accepted in requests).
+    #[schema(value_type = String)]
+    pub arguments: Value,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    pub prompt: PromptInput,
+    /// Not supported: `true` is refused.
+    pub echo: Option<bool>,
+    /// Not supported: a non-empty suffix is refused.
+    pub suffix: Option<String>,
+    /// Number of most likely alternatives to report per token, 0..=20.
+    pub logprobs: Option<u32>,
+    #[serde(flatten)]
+    pub params: GenerationParams,
+}
+
+/// A string, a list of one string, or token ids.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+// ---------------------------------------------------------------- responses
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV was reused instead of prefilled.
+    pub cached_tokens: usize,
+}
+
+/// llama.cpp-style timings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct Timings {
+    /// Prompt tokens reused from KV.
+    pub cache_n: usize,
+    /// Prompt tokens prefilled.
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_second: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct AssistantMessage {
+    pub role: String,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// One SSE `data:` object of a streamed chat completion.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChunkChoice {
+    pub index: usize,
+    pub delta: ChunkDelta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// A streamed piece of a tool call: the first carries `id` and `function.name`, the rest
+/// carry `function.arguments` fragments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelObject {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+    /// The enforced context window (prompt + max_tokens).
+    pub context_window: usize,
+    /// Same as `context_window` (vLLM's name).
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelObject>,
+}
+
+/// `POST /tokenize`: text (`prompt` or `content`) or a chat (`messages`, `tools`).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub content: Option<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<Vec<Value>>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenizeResponse {
+    pub tokens: Vec<u32>,
+    pub count: usize,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DetokenizeResponse {
+    /// vLLM's name for the text.
+    pub prompt: String,
+    /// llama.cpp's name for the same text.
+    pub content: String,
+}
+
+/// `POST /v1/chat/completions/count`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CountResponse {
+    pub object: String,
+    pub prompt_tokens: usize,
+    pub context_window: usize,
+    /// Tokens left for the reply: `context_window - prompt_tokens` (0 when over).
+    pub remaining_tokens: usize,
+}
+
+/// The OpenAI error envelope.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HealthResponse {
+    /// `ok` or `loading`.
+    pub status: String,
+}

@@ -1,0 +1,406 @@
+//! The OpenAI-compatible API over real HTTP on loopback, on the generated test model: every
+//! endpoint streamed and not, streaming equals non-streaming, seeds, stops, `n`, tokens.
+
+#[path = "fixtures/api/client.rs"]
+mod client;
+
+use client::*;
+use mtpx::api::testing::{test_config, TestServer, TEST_MODEL_ID};
+use mtpx::config::KvMemory;
+use mtpx::engine::EngineConfig;
+use mtpx::kv::KvDtype;
+use mtpx::model::test_model::TestModelSpec;
+use serde_json::{json, Value};
+
+pub const WINDOW: usize = 4096;
+
+fn engine_cfg() -> EngineConfig {
+    EngineConfig {
+        kv_memory: KvMemory::Bytes(64 << 20),
+        kv_dtype: KvDtype::F32,
+        context_window: Some(WINDOW),
+        ..EngineConfig::default()
+    }
+}
+
+fn server() -> TestServer {
+    TestServer::start(&TestModelSpec::default(), engine_cfg(), test_config()).unwrap()
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": TEST_MODEL_ID,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Write a haiku about pages."}],
+        "temperature": 0,
+        "max_tokens": 12,
+        "logit_bias": ban_specials(),
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// Content, finish reason and usage reassembled from a streamed chat.
+fn reassemble(events: &[Value]) -> (Vec<String>, Vec<String>, Option<Value>) {
+    assert_eq!(
+        events.last(),
+        Some(&Value::String("[DONE]".into())),
+        "ends with [DONE]"
+    );
+    let mut content = Vec::new();
+    let mut finish = Vec::new();
+    let mut usage = None;
+    for e in &events[..events.len() - 1] {
+        assert_eq!(e["object"], "chat.completion.chunk", "{e}");
+        if let Some(u) = e.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        for c in e["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if content.len() <= i {
+                content.resize(i + 1, String::new());
+                finish.resize(i + 1, String::new());
+                assert_eq!(
+                    c["delta"]["role"], "assistant",
+                    "the first chunk carries the role"
+                );
+            }
+            if let Some(t) = c["delta"]["content"].as_str() {
+                content[i].push_str(t);
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish[i] = f.to_string();
+            }
+        }
+    }
+    (content, finish, usage)
+}
+
+#[actix_rt::test]
+async fn health_models_openapi_and_metrics_answer() {
+    let s = server();
+    let health = get(&s.at("/health")).await;
+    assert_eq!(
+        (health.status, health.json()["status"].clone()),
+        (200, json!("ok"))
+    );
+    let models = get(&s.at("/v1/models")).await.json();
+    assert_eq!(models["object"], "list");
+    let model = &models["data"][0];
+    assert_eq!(model["id"], TEST_MODEL_ID);
+    assert_eq!(model["context_window"], WINDOW);
+    assert_eq!(model["max_model_len"], WINDOW);
+    assert_eq!(
+        s.engine().info().context_window,
+        WINDOW,
+        "advertised = enforced"
+    );
+    let one = get(&s.at(&format!("/v1/models/{TEST_MODEL_ID}"))).await;
+    assert_eq!(
+        (one.status, one.json()["context_window"].clone()),
+        (200, json!(WINDOW))
+    );
+    let missing = get(&s.at("/v1/models/gpt-4")).await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.error()["code"], "model_not_found");
+    let doc = get(&s.at("/openapi.json")).await.json();
+    assert!(doc["paths"]["/v1/chat/completions"]["post"].is_object());
+    let metrics = get(&s.at("/metrics")).await;
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    for name in [
+        "mtpx_kv_pages_total",
+        "mtpx_sequences_running",
+        "mtpx_prefix_cache_hit_ratio",
+        "mtpx_sessions",
+        "mtpx_time_to_first_token_seconds_count",
+        "mtpx_http_responses_total{status=\"200\"}",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    let unknown = get(&s.at("/v2/nothing")).await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.error()["code"], "not_found");
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn chat_streaming_equals_non_streaming_with_usage_and_timings() {
+    let s = server();
+    let plain = post(&s.at("/v1/chat/completions"), &chat(json!({}))).await;
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    let body = plain.json();
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], TEST_MODEL_ID);
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["finish_reason"], "length");
+    let usage = &body["usage"];
+    assert_eq!(usage["completion_tokens"], 12);
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + 12
+    );
+    assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+    assert_eq!(body["timings"]["predicted_n"], 12);
+    assert!(body["timings"]["prompt_ms"].is_number());
+
+    let streamed = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"stream": true, "stream_options": {"include_usage": true}})),
+    )
+    .await;
+    assert_eq!(streamed.status, 200);
+    assert!(streamed
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let (content, finish, usage) = reassemble(&streamed.events());
+    assert_eq!(content[0], choice["message"]["content"].as_str().unwrap());
+    assert_eq!(finish, vec!["length".to_string()]);
+    let usage = usage.expect("a usage chunk");
+    assert_eq!(usage["completion_tokens"], 12);
+    assert_eq!(usage["prompt_tokens"], body["usage"]["prompt_tokens"]);
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn seeds_reproduce_and_n_gives_several_choices() {
+    let s = server();
+    let req = chat(json!({"temperature": 1.0, "seed": 7, "n": 2, "max_tokens": 16}));
+    let a = post(&s.at("/v1/chat/completions"), &req).await.json();
+    let b = post(&s.at("/v1/chat/completions"), &req).await.json();
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(texts(&a).len(), 2);
+    assert_eq!(texts(&a), texts(&b), "same seed, same choices");
+    assert_eq!(
+        a["usage"]["completion_tokens"], 32,
+        "usage sums the choices"
+    );
+    assert_eq!(a["choices"][1]["index"], 1);
+    // Streamed with the same seed: the same texts, per choice index.
+    let mut streamed_req = req.clone();
+    streamed_req["stream"] = json!(true);
+    let streamed = post(&s.at("/v1/chat/completions"), &streamed_req).await;
+    let (content, finish, _) = reassemble(&streamed.events());
+    assert_eq!(content, texts(&a));
+    assert_eq!(finish.len(), 2);
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn stop_sequences_cut_the_reply() {
+    let s = server();
+    let free = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"max_tokens": 40})),
+    )
+    .await
+    .json();
+    let text = free["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(text.chars().count() > 6, "{text:?}");
+    let stop: String = text.chars().skip(3).take(2).collect();
+    let cut = text.find(&stop).unwrap();
+    for stream in [false, true] {
+        let req =
+            chat(json!({"max_tokens": 40, "stop": [stop.clone(), "\u{1}never"], "stream": stream}));
+        let reply = post(&s.at("/v1/chat/completions"), &req).await;
+        let (content, finish) = if stream {
+            let (c, f, _) = reassemble(&reply.events());
+            (c[0].clone(), f[0].clone())
+        } else {
+            let v = reply.json();
+            let c = &v["choices"][0];
+            (
+                c["message"]["content"].as_str().unwrap().to_string(),
+                c["finish_reason"].as_str().unwrap().to_string(),
+            )
+        };
+        assert_eq!(content, text[..cut], "stream={stream}");
+        assert_eq!(finish, "stop");
+    }
+    let single = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"max_tokens": 40, "stop": stop})),
+    )
+    .await
+    .json();
+    assert_eq!(single["choices"][0]["message"]["content"], text[..cut]);
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn text_completions_take_strings_and_token_ids() {
+    let s = server();
+    let url = s.at("/v1/completions");
+    let base = json!({"prompt": "function update(v) {", "max_tokens": 10, "temperature": 0, "logit_bias": ban_specials()});
+    let plain = post(&url, &base).await;
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    let body = plain.json();
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let text = body["choices"][0]["text"].as_str().unwrap().to_string();
+    let mut streamed = base.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = post(&url, &streamed).await.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let joined: String = events
+        .iter()
+        .filter_map(|e| e["choices"].get(0))
+        .filter_map(|c| c["text"].as_str())
+        .collect();
+    assert_eq!(joined, text);
+    assert!(events.iter().any(|e| e["usage"]["completion_tokens"] == 10));
+    // The same prompt as token ids gives the same text.
+    let ids = post(
+        &s.at("/tokenize"),
+        &json!({"prompt": "function update(v) {"}),
+    )
+    .await
+    .json()["tokens"]
+        .clone();
+    let mut by_ids = base.clone();
+    by_ids["prompt"] = ids;
+    by_ids["logprobs"] = json!(2);
+    let out = post(&url, &by_ids).await.json();
+    assert_eq!(out["choices"][0]["text"], text);
+    let lp = &out["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 10);
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    for (field, value) in [("echo", json!(true)), ("suffix", json!("}"))] {
+        let mut bad = base.clone();
+        bad[field] = value;
+        let reply = post(&url, &bad).await;
+        assert_eq!(reply.status, 400);
+        assert_eq!(reply.error()["param"], field);
+    }
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn tokenize_detokenize_and_count_agree_with_completions() {
+    let s = server();
+    let t = post(&s.at("/tokenize"), &json!({"prompt": "hello world"}))
+        .await
+        .json();
+    assert_eq!(t["count"], t["tokens"].as_array().unwrap().len());
+    assert_eq!(t["max_model_len"], WINDOW);
+    let d = post(&s.at("/detokenize"), &json!({"tokens": t["tokens"]}))
+        .await
+        .json();
+    assert_eq!(d["prompt"], "hello world");
+    let bad = post(&s.at("/detokenize"), &json!({"tokens": [99999]})).await;
+    assert_eq!(
+        (bad.status, bad.error()["param"].clone()),
+        (400, json!("tokens"))
+    );
+    let req = chat(json!({}));
+    let count = post(&s.at("/v1/chat/completions/count"), &req).await.json();
+    let done = post(&s.at("/v1/chat/completions"), &req).await.json();
+    assert_eq!(count["prompt_tokens"], done["usage"]["prompt_tokens"]);
+    assert_eq!(count["context_window"], WINDOW);
+    let by_messages = post(&s.at("/tokenize"), &json!({"messages": req["messages"]}))
+        .await
+        .json();
+    assert_eq!(by_messages["count"], count["prompt_tokens"]);
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn logprobs_and_chat_logit_bias_reach_the_sampler() {
+    let s = server();
+    let r = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 4})),
+    )
+    .await
+    .json();
+    let content = r["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.len(), 4);
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
+    assert!(content[0]["logprob"].as_f64().unwrap() <= 0.0);
+    // A strong bias forces a token: every generated token is it.
+    let id = post(&s.at("/tokenize"), &json!({"prompt": "map"}))
+        .await
+        .json()["tokens"][0]
+        .clone();
+    let piece = post(&s.at("/detokenize"), &json!({"tokens": [id]}))
+        .await
+        .json()["prompt"]
+        .clone();
+    let mut bias = ban_specials();
+    bias[id.to_string()] = json!(100);
+    let forced = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"logit_bias": bias, "max_tokens": 3, "temperature": 1.0})),
+    )
+    .await
+    .json();
+    assert_eq!(
+        forced["choices"][0]["message"]["content"],
+        piece.as_str().unwrap().repeat(3)
+    );
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn tool_definitions_calls_and_results_round_trip() {
+    let s = server();
+    let tools = json!([{"type": "function", "function": {"name": "read", "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]);
+    let messages = json!([
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": [{"type": "text", "text": "Read a.txt"}]},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "read", "arguments": "{\"path\": \"a.txt\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "hello"}
+    ]);
+    for choice in [
+        json!("auto"),
+        json!("none"),
+        json!("required"),
+        json!({"type": "function", "function": {"name": "read"}}),
+    ] {
+        for stream in [false, true] {
+            let req = chat(
+                json!({"messages": messages, "tools": tools, "tool_choice": choice, "stream": stream, "parallel_tool_calls": true}),
+            );
+            let reply = post(&s.at("/v1/chat/completions"), &req).await;
+            assert_eq!(reply.status, 200, "{choice} {}", reply.text());
+        }
+    }
+    // Force the model to write `<tool_call>` over and over: a malformed block is plain content,
+    // never an error, and the tags show in content only because the block never parsed.
+    let open_id = post(&s.at("/tokenize"), &json!({"prompt": "<tool_call>"}))
+        .await
+        .json()["tokens"][0]
+        .clone();
+    let mut bias = ban_specials();
+    bias[open_id.to_string()] = json!(100);
+    let req =
+        chat(json!({"messages": messages, "tools": tools, "logit_bias": bias, "max_tokens": 3}));
+    let out = post(&s.at("/v1/chat/completions"), &req).await.json();
+    let choice = &out["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert!(choice["message"]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("<tool_call>"));
+    assert!(choice["message"].get("tool_calls").is_none());
+    s.stop().await;
+}
