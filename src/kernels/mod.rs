@@ -25,6 +25,7 @@ mod avx2;
 mod avx512;
 mod dispatch;
 mod layout;
+pub mod math;
 mod scalar;
 
 use candle_core::quantized::{GgmlDType, QTensor};

@@ -12,6 +12,7 @@
 
 use super::pool::PageId;
 use super::storage::{KvKind, KvStorage};
+use crate::kernels::math::exp_nonpositive;
 use rayon::prelude::*;
 
 /// Where one query row attends from.
@@ -158,21 +159,23 @@ fn attend_task(
                 let q_off = (row_index * shape.num_heads + head) * hd;
                 let q_row = &q[q_off..q_off + hd];
                 let lane = r * group + g;
-                let mut block_max = f32::NEG_INFINITY;
-                for slot in 0..visible {
-                    let score = dot(q_row, &s.keys[slot * hd..(slot + 1) * hd]) * scale;
-                    s.scores[slot] = score;
-                    block_max = block_max.max(score);
+                let scores = &mut s.scores[..visible];
+                for (slot, score) in scores.iter_mut().enumerate() {
+                    *score = dot(q_row, &s.keys[slot * hd..(slot + 1) * hd]) * scale;
                 }
+                let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
                 let new_max = s.max[lane].max(block_max);
-                let correction = (s.max[lane] - new_max).exp();
+                // A separate pass so the branch-free exp vectorises.
+                for score in scores.iter_mut() {
+                    *score = exp_nonpositive(*score - new_max);
+                }
+                let correction = exp_nonpositive(s.max[lane] - new_max);
                 let acc = &mut s.acc[lane * hd..(lane + 1) * hd];
                 if correction != 1.0 {
                     acc.iter_mut().for_each(|a| *a *= correction);
                 }
                 let mut sum = s.sum[lane] * correction;
-                for slot in 0..visible {
-                    let w = (s.scores[slot] - new_max).exp();
+                for (slot, &w) in scores.iter().enumerate() {
                     sum += w;
                     axpy(acc, w, &s.values[slot * hd..(slot + 1) * hd]);
                 }
@@ -204,17 +207,15 @@ fn attend_task(
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent accumulators let the compiler vectorise without reassociation flags.
     let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
+    let (a8, a_rest) = a.split_at(a.len() / 8 * 8);
+    let (b8, b_rest) = b.split_at(a8.len());
+    for (ca, cb) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
         for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+            acc[l] += ca[l] * cb[l];
         }
     }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
+    let tail: f32 = a_rest.iter().zip(b_rest).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
 }
 
 #[inline]
