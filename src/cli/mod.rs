@@ -2,6 +2,7 @@
 //! together; the work happens in the library.
 
 mod bench;
+mod bench_engine;
 mod run;
 
 use crate::config::KvMemory;
@@ -48,6 +49,9 @@ enum Command {
     Run(run::RunArgs),
     /// Measure prefill, decode, long-context decode and verify-step cost.
     Bench(bench::BenchArgs),
+    /// Measure the serving engine: aggregate throughput under concurrency, continuation TTFT,
+    /// scheduler overhead.
+    BenchEngine(bench_engine::BenchEngineArgs),
 }
 
 /// Where the model comes from and how its KV cache is laid out.
@@ -130,6 +134,7 @@ impl Cli {
             }
             Command::Run(args) => run::run(args),
             Command::Bench(args) => bench::bench(args),
+            Command::BenchEngine(args) => bench_engine::bench_engine(args),
         }
     }
 }

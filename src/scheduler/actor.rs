@@ -55,6 +55,7 @@ pub struct SchedulerActor {
     active: HashMap<SeqId, Active>,
     next_id: SeqId,
     step_in_flight: bool,
+    step_started: Instant,
     stats: SchedulerStats,
 }
 
@@ -66,6 +67,11 @@ pub struct SchedulerStats {
     pub num_preemptions: u64,
     pub prompt_tokens_computed: u64,
     pub tokens_generated: u64,
+    /// Time spent per step outside the forward pass (planning, page messages, sampling,
+    /// streaming), summed over steps that ran a forward.
+    pub overhead_us_total: u64,
+    pub overhead_us_max: u64,
+    pub forward_steps: u64,
 }
 
 pub struct SchedulerParts {
@@ -91,6 +97,7 @@ impl SchedulerActor {
             active: HashMap::new(),
             next_id: 0,
             step_in_flight: false,
+            step_started: Instant::now(),
             stats: SchedulerStats::default(),
         }
     }
@@ -219,20 +226,25 @@ impl SchedulerActor {
                     }
                 })
                 .collect();
+            let mut forward_time = Duration::ZERO;
             let forward = if steps.is_empty() {
                 None
             } else {
+                let started = Instant::now();
                 let out = worker.send(Forward {
                     steps,
                     want_hidden: false,
                 });
-                Some(out.await.map_err(EngineError::from).and_then(|r| r))
+                let out = out.await.map_err(EngineError::from).and_then(|r| r);
+                forward_time = started.elapsed();
+                Some(out)
             };
             StepOutcome {
                 plan,
                 granted,
                 refused,
                 forward,
+                forward_time,
             }
         }
         .into_actor(self)
@@ -324,6 +336,7 @@ struct StepOutcome {
     granted: Vec<(SeqId, Vec<u32>, Vec<PageId>)>,
     refused: Vec<(SeqId, EngineError)>,
     forward: Option<Result<ForwardOutput, EngineError>>,
+    forward_time: Duration,
 }
 
 impl Actor for SchedulerActor {
@@ -346,6 +359,7 @@ impl Handler<Step> for SchedulerActor {
             return;
         }
         self.step_in_flight = true;
+        self.step_started = Instant::now();
         let step = self
             .pool
             .send(GetPoolStats)
@@ -357,7 +371,15 @@ impl Handler<Step> for SchedulerActor {
             })
             .map(|outcome, act, ctx| {
                 let idle = outcome.forward.is_none();
+                let forward_time = outcome.forward_time;
                 act.apply(outcome);
+                if !idle {
+                    let overhead = act.step_started.elapsed().saturating_sub(forward_time);
+                    let us = overhead.as_micros() as u64;
+                    act.stats.overhead_us_total += us;
+                    act.stats.overhead_us_max = act.stats.overhead_us_max.max(us);
+                    act.stats.forward_steps += 1;
+                }
                 act.step_in_flight = false;
                 if act.active.is_empty() {
                     return;
