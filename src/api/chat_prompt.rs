@@ -30,7 +30,10 @@ pub struct ChatPrompt {
 /// Builds the prompt from the raw request object and its typed view.
 pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, ApiError> {
     if req.messages.is_empty() {
-        return Err(ApiError::invalid(Some("messages"), "`messages` must not be empty"));
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "`messages` must not be empty",
+        ));
     }
     let raw_messages = raw
         .get("messages")
@@ -69,7 +72,9 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
             other => {
                 return Err(ApiError::invalid(
                     Some("tool_choice"),
-                    format!("`tool_choice` must be auto, none, required or a named function, got `{other}`"),
+                    format!(
+                    "`tool_choice` must be auto, none, required or a named function, got `{other}`"
+                ),
                 ))
             }
         },
@@ -189,24 +194,30 @@ mod tests {
         assert_eq!(m[0]["role"], "system");
         assert_eq!(m[1]["content"], "ab");
         assert_eq!(m[2]["content"], "");
-        assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"]["arguments"],
+            json!({"x": 1})
+        );
         assert!(!p.parse_tools);
     }
 
     #[test]
     fn tool_choice_none_drops_tools_and_named_must_exist() {
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
-        let base = |choice: Value| {
-            json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice})
-        };
+        let base = |choice: Value| json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice});
         let p = build_json(base(json!("none"))).unwrap();
         assert!(!p.parse_tools);
         assert!(matches!(p.prompt, Prompt::Chat { tools: None, .. }));
         let p = build_json(base(json!("auto"))).unwrap();
         assert!(p.parse_tools);
         let p = build_json(base(json!({"type": "function", "function": {"name": "f"}}))).unwrap();
-        assert_eq!(messages(&p).as_array().unwrap().len(), 2, "a hint is appended");
-        let err = build_json(base(json!({"type": "function", "function": {"name": "g"}}))).unwrap_err();
+        assert_eq!(
+            messages(&p).as_array().unwrap().len(),
+            2,
+            "a hint is appended"
+        );
+        let err =
+            build_json(base(json!({"type": "function", "function": {"name": "g"}}))).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tool_choice.function.name"));
         let err = build_json(base(json!("sometimes"))).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tool_choice"));

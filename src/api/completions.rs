@@ -42,33 +42,49 @@ pub async fn completions(
     state.check_model(params.model.as_deref())?;
     let engine = state.engine()?;
     if request.echo == Some(true) {
-        return Err(ApiError::invalid(Some("echo"), "`echo` is not supported by this server"));
+        return Err(ApiError::invalid(
+            Some("echo"),
+            "`echo` is not supported by this server",
+        ));
     }
     if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid(Some("suffix"), "`suffix` (fill-in-the-middle) is not supported by this server"));
+        return Err(ApiError::invalid(
+            Some("suffix"),
+            "`suffix` (fill-in-the-middle) is not supported by this server",
+        ));
     }
     let prompt = prompt_of(request.prompt, engine.info().vocab_size)?;
     let session = generate::session_key(&req, &auth.scope)?;
     let logprobs = request.logprobs.is_some();
-    let plan = generate::plan(&params, prompt, logprobs, request.logprobs.unwrap_or(0), session)
-        .map_err(|mut e| {
-            if e.param.as_deref() == Some("top_logprobs") {
-                e.param = Some("logprobs".into());
-            }
-            e
-        })?;
+    let plan = generate::plan(
+        &params,
+        prompt,
+        logprobs,
+        request.logprobs.unwrap_or(0),
+        session,
+    )
+    .map_err(|mut e| {
+        if e.param.as_deref() == Some("top_logprobs") {
+            e.param = Some("logprobs".into());
+        }
+        e
+    })?;
     let streams = submit_all(engine, &plan).await?;
     let id = generate::new_id("cmpl");
     let created = super::unix_now();
     if params.stream.unwrap_or(false) {
-        let include_usage = params.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let include_usage = params
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
         let frames = text_frames(state.clone(), id, created, streams, include_usage);
         return Ok(sse::response(frames, state.config.keep_alive));
     }
-    let collected = futures::future::join_all(streams.into_iter().map(|s| collect(s, &state.metrics)))
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+    let collected =
+        futures::future::join_all(streams.into_iter().map(|s| collect(s, &state.metrics)))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
     Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs)))
 }
 
@@ -127,7 +143,13 @@ fn response(
 
 /// The legacy logprobs shape; `offset` is where these tokens' text starts in the output.
 fn text_logprobs(state: &AppState, c: &Collected, offset: usize) -> CompletionLogprobs {
-    let text = |id: u32| state.detokenizer().ok().and_then(|d| d(&[id]).ok()).unwrap_or_default();
+    let text = |id: u32| {
+        state
+            .detokenizer()
+            .ok()
+            .and_then(|d| d(&[id]).ok())
+            .unwrap_or_default()
+    };
     let mut out = CompletionLogprobs::default();
     let mut at = offset;
     for (i, &id) in c.token_ids.iter().enumerate() {
@@ -135,7 +157,8 @@ fn text_logprobs(state: &AppState, c: &Collected, offset: usize) -> CompletionLo
         out.text_offset.push(at);
         at += token.len();
         out.tokens.push(token);
-        out.token_logprobs.push(c.logprobs.get(i).copied().flatten());
+        out.token_logprobs
+            .push(c.logprobs.get(i).copied().flatten());
         let top: BTreeMap<String, f32> = c
             .top_logprobs
             .get(i)
@@ -158,72 +181,90 @@ fn text_frames(
 ) -> futures::stream::LocalBoxStream<'static, Bytes> {
     let num_choices = streams.len();
     let model = state.config.model_id.clone();
-    let frame = move |choices: Vec<CompletionChoice>, usage: Option<Usage>, timings: Option<Timings>| {
-        sse::data(&CompletionResponse {
-            id: id.clone(),
-            object: "text_completion".into(),
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-            timings,
-        })
-    };
+    let frame =
+        move |choices: Vec<CompletionChoice>, usage: Option<Usage>, timings: Option<Timings>| {
+            sse::data(&CompletionResponse {
+                id: id.clone(),
+                object: "text_completion".into(),
+                created,
+                model: model.clone(),
+                choices,
+                usage,
+                timings,
+            })
+        };
     let clocks: Vec<TokenClock> = (0..num_choices).map(|_| TokenClock::start()).collect();
     let usages: Vec<Option<EngineUsage>> = vec![None; num_choices];
     let events = generate::merge(streams);
     let init = (events, VecDeque::new(), clocks, usages, false);
-    futures::stream::unfold(init, move |(mut events, mut queue, mut clocks, mut usages, mut ended)| {
-        let state = state.clone();
-        let frame = frame.clone();
-        async move {
-            loop {
-                if let Some(f) = queue.pop_front() {
-                    return Some((f, (events, queue, clocks, usages, ended)));
-                }
-                if ended {
-                    return None;
-                }
-                let Some((index, event)) = events.next().await else {
-                    let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
-                    if !all.is_empty() {
-                        let usage = generate::usage(&all);
-                        state.metrics.count_usage(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, usage.completion_tokens);
-                        if include_usage {
-                            queue.push_back(frame(Vec::new(), Some(usage), Some(generate::timings(&all[0]))));
+    futures::stream::unfold(
+        init,
+        move |(mut events, mut queue, mut clocks, mut usages, mut ended)| {
+            let state = state.clone();
+            let frame = frame.clone();
+            async move {
+                loop {
+                    if let Some(f) = queue.pop_front() {
+                        return Some((f, (events, queue, clocks, usages, ended)));
+                    }
+                    if ended {
+                        return None;
+                    }
+                    let Some((index, event)) = events.next().await else {
+                        let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
+                        if !all.is_empty() {
+                            let usage = generate::usage(&all);
+                            state.metrics.count_usage(
+                                usage.prompt_tokens,
+                                usage.prompt_tokens_details.cached_tokens,
+                                usage.completion_tokens,
+                            );
+                            if include_usage {
+                                queue.push_back(frame(
+                                    Vec::new(),
+                                    Some(usage),
+                                    Some(generate::timings(&all[0])),
+                                ));
+                            }
                         }
-                    }
-                    queue.push_back(sse::done());
-                    ended = true;
-                    continue;
-                };
-                let choice = |text: String, finish: Option<String>| CompletionChoice {
-                    index,
-                    text,
-                    logprobs: None,
-                    finish_reason: finish,
-                };
-                match event {
-                    EngineEvent::Started { .. } => {}
-                    EngineEvent::Delta { text, token_ids, .. } => {
-                        clocks[index].tokens(&state.metrics, token_ids.len());
-                        if !text.is_empty() {
-                            queue.push_back(frame(vec![choice(text, None)], None, None));
-                        }
-                    }
-                    EngineEvent::Finished { reason, usage } => {
-                        let finish = Some(finish_reason(reason, false));
-                        queue.push_back(frame(vec![choice(String::new(), finish)], None, Some(generate::timings(&usage))));
-                        usages[index] = Some(usage);
-                    }
-                    EngineEvent::Error(e) => {
-                        queue.push_back(sse::data(&ApiError::from(e).body()));
                         queue.push_back(sse::done());
                         ended = true;
+                        continue;
+                    };
+                    let choice = |text: String, finish: Option<String>| CompletionChoice {
+                        index,
+                        text,
+                        logprobs: None,
+                        finish_reason: finish,
+                    };
+                    match event {
+                        EngineEvent::Started { .. } => {}
+                        EngineEvent::Delta {
+                            text, token_ids, ..
+                        } => {
+                            clocks[index].tokens(&state.metrics, token_ids.len());
+                            if !text.is_empty() {
+                                queue.push_back(frame(vec![choice(text, None)], None, None));
+                            }
+                        }
+                        EngineEvent::Finished { reason, usage } => {
+                            let finish = Some(finish_reason(reason, false));
+                            queue.push_back(frame(
+                                vec![choice(String::new(), finish)],
+                                None,
+                                Some(generate::timings(&usage)),
+                            ));
+                            usages[index] = Some(usage);
+                        }
+                        EngineEvent::Error(e) => {
+                            queue.push_back(sse::data(&ApiError::from(e).body()));
+                            queue.push_back(sse::done());
+                            ended = true;
+                        }
                     }
                 }
             }
-        }
-    })
+        },
+    )
     .boxed_local()
 }

@@ -5,7 +5,11 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::Method;
 
 /// The CORS headers for a response to a request from `origin`, if that origin is allowed.
-pub fn headers_for(allowed: &[String], origin: Option<&str>, method: &Method) -> Vec<(header::HeaderName, HeaderValue)> {
+pub fn headers_for(
+    allowed: &[String],
+    origin: Option<&str>,
+    method: &Method,
+) -> Vec<(header::HeaderName, HeaderValue)> {
     let Some(origin) = origin else {
         return Vec::new();
     };
@@ -34,7 +38,10 @@ pub fn headers_for(allowed: &[String], origin: Option<&str>, method: &Method) ->
             header::ACCESS_CONTROL_ALLOW_HEADERS,
             HeaderValue::from_static("Authorization, Content-Type, X-API-Key, X-Session-Id"),
         ));
-        out.push((header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600")));
+        out.push((
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        ));
     }
     out
 }
@@ -50,7 +57,9 @@ mod tests {
         assert!(headers_for(&allowed, Some("http://b.test"), &Method::GET).is_empty());
         let h = headers_for(&allowed, Some("http://a.test"), &Method::OPTIONS);
         assert_eq!(h[0].1, "http://a.test");
-        assert!(h.iter().any(|(k, _)| k == header::ACCESS_CONTROL_ALLOW_HEADERS));
+        assert!(h
+            .iter()
+            .any(|(k, _)| k == header::ACCESS_CONTROL_ALLOW_HEADERS));
         let any = headers_for(&["*".into()], Some("http://x"), &Method::GET);
         assert_eq!(any[0].1, "*");
     }

@@ -16,9 +16,13 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 use std::fmt;
 
-/// An OpenAI-shaped error response.
+/// An OpenAI-shaped error response (boxed: it travels in every handler's `Result`).
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub struct ApiError(Box<ErrorDetail>);
+
+/// The fields of an [`ApiError`] (reached through `Deref`).
+#[derive(Debug, Clone)]
+pub struct ErrorDetail {
     pub status: StatusCode,
     pub message: String,
     /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, `server_error`, ….
@@ -30,9 +34,22 @@ pub struct ApiError {
     pub retry_after_s: Option<u64>,
 }
 
+impl std::ops::Deref for ApiError {
+    type Target = ErrorDetail;
+    fn deref(&self) -> &ErrorDetail {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ApiError {
+    fn deref_mut(&mut self) -> &mut ErrorDetail {
+        &mut self.0
+    }
+}
+
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(ErrorDetail {
             status,
             message: message.into(),
             kind,
@@ -40,7 +57,7 @@ impl ApiError {
             code: None,
             extra: Map::new(),
             retry_after_s: None,
-        }
+        }))
     }
 
     /// 400 `invalid_request_error` naming `param`.
@@ -88,7 +105,9 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            format!("The request body is larger than the server's limit of {limit} bytes (--max-body)."),
+            format!(
+                "The request body is larger than the server's limit of {limit} bytes (--max-body)."
+            ),
         )
         .with_code("request_too_large")
     }
@@ -157,9 +176,11 @@ impl From<EngineError> for ApiError {
             } => {
                 let mut err = ApiError::invalid(Some("messages"), message)
                     .with_code("context_length_exceeded");
-                err.extra.insert("prompt_tokens".into(), json!(prompt_tokens));
+                err.extra
+                    .insert("prompt_tokens".into(), json!(prompt_tokens));
                 err.extra.insert("max_tokens".into(), json!(max_tokens));
-                err.extra.insert("context_window".into(), json!(context_window));
+                err.extra
+                    .insert("context_window".into(), json!(context_window));
                 err
             }
             EngineError::InsufficientKvMemory {
@@ -168,13 +189,16 @@ impl From<EngineError> for ApiError {
             } => {
                 let mut err = ApiError::invalid(Some("max_tokens"), message)
                     .with_code("insufficient_kv_memory");
-                err.extra.insert("needed_tokens".into(), json!(needed_tokens));
-                err.extra.insert("budget_tokens".into(), json!(budget_tokens));
+                err.extra
+                    .insert("needed_tokens".into(), json!(needed_tokens));
+                err.extra
+                    .insert("budget_tokens".into(), json!(budget_tokens));
                 err
             }
             EngineError::Overloaded { retry_after_s } => {
-                let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
-                    .with_code("overloaded");
+                let mut err =
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                        .with_code("overloaded");
                 err.retry_after_s = Some(retry_after_s.max(1));
                 err
             }
@@ -186,8 +210,9 @@ impl From<EngineError> for ApiError {
             }
             EngineError::InvalidRequest(_) => ApiError::invalid(None, message),
             EngineError::Kv(_) => {
-                let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
-                    .with_code("overloaded");
+                let mut err =
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                        .with_code("overloaded");
                 err.retry_after_s = Some(1);
                 err
             }
@@ -231,7 +256,10 @@ pub async fn read_body(
 /// Parses a JSON object from bytes; syntax errors name their line and column.
 pub fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::invalid(None, "The request body is empty; expected a JSON object."));
+        return Err(ApiError::invalid(
+            None,
+            "The request body is empty; expected a JSON object.",
+        ));
     }
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(
@@ -245,7 +273,10 @@ pub fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
         .with_code("invalid_json")
     })?;
     if !value.is_object() {
-        return Err(ApiError::invalid(None, "The request body must be a JSON object."));
+        return Err(ApiError::invalid(
+            None,
+            "The request body must be a JSON object.",
+        ));
     }
     Ok(value)
 }
@@ -280,7 +311,11 @@ pub fn json_config() -> web::JsonConfig {
             | JsonPayloadError::Overflow { limit } => ApiError::too_large(*limit),
             JsonPayloadError::Deserialize(e) => ApiError::invalid(
                 None,
-                format!("Malformed JSON at line {} column {}: {e}", e.line(), e.column()),
+                format!(
+                    "Malformed JSON at line {} column {}: {e}",
+                    e.line(),
+                    e.column()
+                ),
             ),
             other => ApiError::invalid(None, other.to_string()),
         };

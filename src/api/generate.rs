@@ -238,7 +238,10 @@ pub fn timings(u: &EngineUsage) -> Timings {
 /// A response id: `prefix-` and 24 random letters and digits.
 pub fn new_id(prefix: &str) -> String {
     use rand::distr::{Alphanumeric, SampleString};
-    format!("{prefix}-{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+    format!(
+        "{prefix}-{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 24)
+    )
 }
 
 /// Merges the choices' event streams into one of `(choice index, event)`.

@@ -171,7 +171,8 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                             if let Some(state) = state {
                                 state.metrics.count_response(res.status().as_u16());
                                 let origins = &state.config.cors_origins;
-                                for (k, v) in cors::headers_for(origins, origin.as_deref(), &method) {
+                                for (k, v) in cors::headers_for(origins, origin.as_deref(), &method)
+                                {
                                     res.headers_mut().insert(k, v);
                                 }
                             }
@@ -183,8 +184,14 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                     .route("/openapi.json", web::get().to(openapi::openapi_json))
                     .route("/v1/models", web::get().to(models::list_models))
                     .route("/v1/models/{id:.*}", web::get().to(models::get_model))
-                    .route("/v1/chat/completions", web::post().to(chat::chat_completions))
-                    .route("/v1/chat/completions/count", web::post().to(tokens::count_chat))
+                    .route(
+                        "/v1/chat/completions",
+                        web::post().to(chat::chat_completions),
+                    )
+                    .route(
+                        "/v1/chat/completions/count",
+                        web::post().to(tokens::count_chat),
+                    )
                     .route("/v1/completions", web::post().to(completions::completions))
                     .route("/tokenize", web::post().to(tokens::tokenize))
                     .route("/detokenize", web::post().to(tokens::detokenize))

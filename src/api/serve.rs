@@ -2,8 +2,9 @@
 //!
 //! Order of start-up: check the security policy, bind and start answering (`/health` is 503
 //! while loading), resolve/pull and load the model on a background thread, start the engine on
-//! the actix system, then `/health` turns 200. SIGINT/SIGTERM stop the server gracefully
-//! (in-flight requests get up to 10 s, streams are cancelled after that) and the process exits 0.
+//! the actix system, then `/health` turns 200. SIGINT and SIGTERM both stop the server
+//! gracefully (no new connections; in-flight requests get up to 10 s, streams still open then
+//! are dropped, which cancels them and frees their pages) and the process exits 0.
 
 use super::{detokenizer_of, http_server, ApiConfig, AppState};
 use crate::cli::ModelArgs;
@@ -142,15 +143,25 @@ async fn run(args: ServeArgs) -> Result<()> {
     config.keep_alive = Duration::from_secs(args.sse_keep_alive.max(1));
     config.cors_origins = args.cors_origin.clone();
     let state = actix_web::web::Data::new(AppState::new(config));
-    let (server, addr) = http_server(state.clone(), (&args.host, args.port), args.workers, true)
+    let (server, addr) = http_server(state.clone(), (&args.host, args.port), args.workers, false)
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     tracing::info!(
         "listening on http://{addr} (auth: {}, CORS: {:?}, max body {} bytes); loading {}",
-        if state.config.api_key.is_some() { "API key" } else { "none" },
+        if state.config.api_key.is_some() {
+            "API key"
+        } else {
+            "none"
+        },
         state.config.cors_origins,
         state.config.max_body,
         args.model.model
     );
+    let stopper = server.handle();
+    actix_rt::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: in-flight requests get up to 10 s");
+        stopper.stop(true).await;
+    });
     let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
     let handle = server.handle();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -190,6 +201,29 @@ async fn run(args: ServeArgs) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGINT or SIGTERM, whichever comes first (both mean a graceful stop).
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = actix_rt::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use actix_rt::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+    }
 }
 
 fn log_config(model_id: &str, engine: &Engine, cfg: &EngineConfig) {
@@ -240,8 +274,12 @@ mod tests {
     #[test]
     fn an_open_non_loopback_bind_is_refused() {
         assert!(parse(&["--host", "0.0.0.0"]).check_security().is_err());
-        assert!(parse(&["--host", "0.0.0.0", "--api-key", "k"]).check_security().is_ok());
-        assert!(parse(&["--host", "0.0.0.0", "--insecure-no-auth"]).check_security().is_ok());
+        assert!(parse(&["--host", "0.0.0.0", "--api-key", "k"])
+            .check_security()
+            .is_ok());
+        assert!(parse(&["--host", "0.0.0.0", "--insecure-no-auth"])
+            .check_security()
+            .is_ok());
         assert!(parse(&["--host", "::1"]).check_security().is_ok());
     }
 
@@ -251,6 +289,9 @@ mod tests {
         assert_eq!(parse_size("64KiB"), Ok(65536));
         assert_eq!(parse_size("100"), Ok(100));
         assert!(parse_size("lots").is_err());
-        assert_eq!(parse(&["--model", "/tmp/x/test-model.gguf"]).model_id(), "test-model");
+        assert_eq!(
+            parse(&["--model", "/tmp/x/test-model.gguf"]).model_id(),
+            "test-model"
+        );
     }
 }

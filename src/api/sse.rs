@@ -16,7 +16,9 @@ pub const KEEP_ALIVE: &str = ": keep-alive\n\n";
 /// One `data:` frame.
 pub fn data(value: &impl Serialize) -> Bytes {
     let json = serde_json::to_string(value).unwrap_or_else(|e| {
-        format!("{{\"error\":{{\"message\":\"serializing a chunk: {e}\",\"type\":\"server_error\"}}}}")
+        format!(
+            "{{\"error\":{{\"message\":\"serializing a chunk: {e}\",\"type\":\"server_error\"}}}}"
+        )
     });
     Bytes::from(format!("data: {json}\n\n"))
 }
@@ -27,7 +29,10 @@ pub fn done() -> Bytes {
 }
 
 /// Interleaves `KEEP_ALIVE` comments into `frames` whenever `every` passes without a frame.
-pub fn with_keep_alive<S>(frames: S, every: Duration) -> impl Stream<Item = Result<Bytes, Infallible>>
+pub fn with_keep_alive<S>(
+    frames: S,
+    every: Duration,
+) -> impl Stream<Item = Result<Bytes, Infallible>>
 where
     S: Stream<Item = Bytes> + Unpin + 'static,
 {
@@ -88,6 +93,9 @@ mod tests {
         let n_keep_alive = got.iter().filter(|s| s.as_str() == KEEP_ALIVE).count();
         assert!(n_keep_alive >= 2, "{got:?}");
         assert_eq!(got.last().unwrap(), "data: {\"a\":1}\n\n");
-        assert_eq!(parse_data_lines(&got.concat()), vec!["{\"a\":1}".to_string()]);
+        assert_eq!(
+            parse_data_lines(&got.concat()),
+            vec!["{\"a\":1}".to_string()]
+        );
     }
 }

@@ -427,8 +427,14 @@ fn merge(pieces: Vec<Piece>) -> Vec<Piece> {
             (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
             (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
             (
-                Some(Piece::ToolCallArgs { index: i, fragment: a }),
-                Piece::ToolCallArgs { index: j, fragment: b },
+                Some(Piece::ToolCallArgs {
+                    index: i,
+                    fragment: a,
+                }),
+                Piece::ToolCallArgs {
+                    index: j,
+                    fragment: b,
+                },
             ) if *i == j => a.push_str(&b),
             (_, p) => out.push(p),
         }
@@ -454,7 +460,10 @@ enum Header {
     Incomplete,
     Invalid,
     /// The name, and where the arguments value begins in the block.
-    Complete { name: String, args_start: usize },
+    Complete {
+        name: String,
+        args_start: usize,
+    },
 }
 
 /// Recognises `{"name": "<name>", "arguments":` (any whitespace) at the start of a block.

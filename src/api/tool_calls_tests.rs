@@ -25,7 +25,10 @@ fn reassemble(pieces: &[Piece]) -> Reassembled {
                 r.ids.push(id.clone());
             }
             Piece::ToolCallArgs { index, fragment } => {
-                assert!(*index < r.calls.len(), "arguments before their call's start");
+                assert!(
+                    *index < r.calls.len(),
+                    "arguments before their call's start"
+                );
                 r.calls[*index].1.push_str(fragment);
             }
         }
@@ -144,7 +147,11 @@ fn malformed_blocks_fall_back_to_content() {
     ] {
         let r = check_all_splits(text);
         assert!(r.calls.is_empty(), "{text}: {r:?}");
-        assert_eq!(r.content.replace("</tool_call>", ""), text.replace("</tool_call>", ""), "{text}");
+        assert_eq!(
+            r.content.replace("</tool_call>", ""),
+            text.replace("</tool_call>", ""),
+            "{text}"
+        );
     }
 }
 
@@ -152,7 +159,9 @@ fn malformed_blocks_fall_back_to_content() {
 fn keys_in_another_order_or_string_arguments_are_parsed_whole() {
     let r = check_all_splits("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>");
     assert_eq!(r.calls, vec![call("f", "{\"a\":1}")]);
-    let r = check_all_splits("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>");
+    let r = check_all_splits(
+        "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>",
+    );
     assert_eq!(r.calls, vec![call("f", "{\"a\": 1}")]);
 }
 

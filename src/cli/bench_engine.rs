@@ -65,7 +65,13 @@ async fn run(engine: &Engine, req: GenerateRequest) -> Result<(Duration, usize)>
 /// Distinct ordinary-text prompts of about `n` tokens.
 fn prompt(bundle_tokens: &[u32], i: usize, n: usize) -> Vec<u32> {
     let start = (i * 37) % bundle_tokens.len().saturating_sub(n).max(1);
-    bundle_tokens.iter().cycle().skip(start).take(n).copied().collect()
+    bundle_tokens
+        .iter()
+        .cycle()
+        .skip(start)
+        .take(n)
+        .copied()
+        .collect()
 }
 
 pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {

@@ -45,6 +45,8 @@ enum Command {
         #[command(flatten)]
         spec: TestModelSpec,
     },
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(crate::api::serve::ServeArgs),
     /// Chat once with a model: stream the reply, then print timings.
     Run(run::RunArgs),
     /// Measure prefill, decode, long-context decode and verify-step cost.
@@ -132,6 +134,7 @@ impl Cli {
                 println!("{}", path.display());
                 Ok(())
             }
+            Command::Serve(args) => crate::api::serve::serve(args),
             Command::Run(args) => run::run(args),
             Command::Bench(args) => bench::bench(args),
             Command::BenchEngine(args) => bench_engine::bench_engine(args),

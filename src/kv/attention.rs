@@ -65,7 +65,6 @@ pub fn paged_attention(
     tasks
         .par_iter()
         .for_each_init(Scratch::default, |scratch, task| {
-            let out_ptr = out_ptr;
             attend_task(
                 q,
                 rows,

@@ -92,7 +92,7 @@ impl Handler<BeginTurn> for SessionActor {
         let limit = msg.prompt.len().saturating_sub(1);
         let mut reuse = common_prefix(&self.tokens, &msg.prompt).min(limit);
         let shared_len = self.num_shared * self.page_size;
-        if reuse < shared_len && reuse % self.page_size != 0 {
+        if reuse < shared_len && !reuse.is_multiple_of(self.page_size) {
             reuse -= reuse % self.page_size;
         }
         let emptied = self.cut(reuse);
@@ -107,7 +107,7 @@ impl Handler<BeginTurn> for SessionActor {
         let lookup = self.pool.send(LookupPrefix {
             tokens: msg.prompt[..limit].to_vec(),
         });
-        AtomicResponse::new(Box::pin(async move { lookup.await }.into_actor(self).map(
+        AtomicResponse::new(Box::pin(lookup.into_actor(self).map(
             move |found, act, _| {
                 let found = found??;
                 let len = found.len() * act.page_size;

@@ -242,7 +242,7 @@ impl Init {
             .map(|_| self.rng.random_range(-bound..bound))
             .collect();
         let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu)?;
-        let dtype = if self.q8 && cols % 32 == 0 {
+        let dtype = if self.q8 && cols.is_multiple_of(32) {
             GgmlDType::Q8_0
         } else {
             GgmlDType::F32

@@ -1,0 +1,180 @@
+"""The official `openai` SDK against a real `mtpx serve` of the test model.
+
+The test model is random, so replies are nonsense; the suite checks the protocol: what the SDK
+sends is accepted, and what comes back parses into the SDK's types with the right values.
+Its last 9 token ids are special (end-of-turn and tags); banning them keeps lengths exact.
+"""
+
+import json
+
+import openai
+import pytest
+from openai import OpenAI
+
+from conftest import WINDOW
+
+BAN_SPECIALS = {str(i): -100 for i in range(503, 512)}
+MODEL = "test-model"
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Write a haiku about pages."},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read",
+            "description": "Read a file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture()
+def client(server_url) -> OpenAI:
+    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+
+
+def greedy(client: OpenAI, **kw):
+    args = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12, logit_bias=BAN_SPECIALS)
+    args.update(kw)
+    return client.chat.completions.create(**args)
+
+
+def test_models_advertise_the_enforced_window(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].context_window == WINDOW
+    assert client.models.retrieve(MODEL).max_model_len == WINDOW
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+
+
+def test_plain_chat(client):
+    r = greedy(client)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_streaming_chat_with_usage_equals_non_streaming(client):
+    plain = greedy(client)
+    stream = greedy(client, stream=True, stream_options={"include_usage": True})
+    text, finish, usage, roles = "", None, None, []
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append(c.delta.role)
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert roles == ["assistant"]
+    assert text == plain.choices[0].message.content
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 12
+    assert usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_seed_reproducibility(client):
+    a = greedy(client, temperature=1.0, seed=42, max_tokens=16)
+    b = greedy(client, temperature=1.0, seed=42, max_tokens=16)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_n_two_gives_two_choices(client):
+    r = greedy(client, temperature=1.0, seed=3, n=2, max_tokens=8)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == 16
+
+
+def test_stop_sequences(client):
+    text = greedy(client, max_tokens=40).choices[0].message.content
+    assert len(text) > 6
+    stop = text[3:5]
+    r = greedy(client, max_tokens=40, stop=[stop])
+    assert r.choices[0].message.content == text[: text.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_context_length_error_is_a_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        greedy(client, max_tokens=WINDOW)
+    err = info.value
+    assert err.code == "context_length_exceeded"
+    assert err.body["context_window"] == WINDOW
+    assert err.body["max_tokens"] == WINDOW
+    assert err.body["prompt_tokens"] > 0
+
+
+def test_bad_values_name_their_field(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        greedy(client, temperature=5)
+    assert info.value.param == "temperature"
+
+
+def test_tool_result_round_trip(client):
+    messages = [
+        {"role": "user", "content": "Read a.txt"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": json.dumps({"path": "a.txt"})}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "hello"},
+    ]
+    for stream in (False, True):
+        r = greedy(client, messages=messages, tools=TOOLS, tool_choice="auto", stream=stream)
+        if stream:
+            chunks = list(r)
+            assert chunks[-1].choices[0].finish_reason == "length"
+        else:
+            assert r.choices[0].finish_reason == "length"
+
+
+def test_malformed_tool_blocks_fall_back_to_content(client, server_url):
+    # Forcing the `<tool_call>` tag over and over never makes a valid call: the text is content.
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{server_url}/tokenize",
+        data=json.dumps({"prompt": "<tool_call>"}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    tag = json.load(urllib.request.urlopen(req))["tokens"][0]
+    bias = dict(BAN_SPECIALS, **{str(tag): 100})
+    r = greedy(client, tools=TOOLS, logit_bias=bias, max_tokens=3)
+    assert r.choices[0].message.content.startswith("<tool_call>")
+    assert not r.choices[0].message.tool_calls
+
+
+def test_text_completions(client):
+    r = client.completions.create(model=MODEL, prompt="function update(v) {", max_tokens=6, temperature=0, logit_bias=BAN_SPECIALS)
+    assert r.choices[0].finish_reason == "length"
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt="function update(v) {", max_tokens=6, temperature=0, logit_bias=BAN_SPECIALS, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == r.choices[0].text
+
+
+def test_an_api_key_is_required_when_configured(keyed_server_url):
+    anonymous = OpenAI(base_url=f"{keyed_server_url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.models.list()
+    keyed = OpenAI(base_url=f"{keyed_server_url}/v1", api_key="sekret", max_retries=0)
+    assert keyed.models.list().data[0].id == MODEL
