@@ -5,7 +5,11 @@
 //! tokens; the turn that would cross the window is refused before inference with the right
 //! counts; the session still works afterwards.
 
+#[path = "fixtures/agent.rs"]
+mod agent;
 mod common;
+
+use agent::*;
 
 use common::*;
 use mtpx::config::KvMemory;
@@ -17,32 +21,13 @@ use mtpx::sampling::SamplingParams;
 use mtpx::session::SessionKey;
 use serde_json::{json, Value};
 
-const WINDOW: usize = 66_560;
-
-fn tools() -> Value {
-    json!([
-        {"type": "function", "function": {"name": "write", "description": "Write a file",
-          "parameters": {"type": "object", "properties": {"path": {"type": "string"},
-          "content": {"type": "string"}}, "required": ["path", "content"]}}},
-        {"type": "function", "function": {"name": "read", "description": "Read a file",
-          "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-          "required": ["path"]}}}
-    ])
-}
-
 /// A file of about `num_tokens` tokens of HTML/CSS/JS-like text (measured with the model's
 /// own tokenizer).
 async fn file_of(engine: &Engine, num_tokens: usize, salt: usize) -> String {
     let mut text = String::new();
     let mut i = salt * 7919;
     loop {
-        for _ in 0..50 {
-            i += 1;
-            text.push_str(&format!(
-                "  <div class=\"panel-{}\" data-load=\"{}\">{}</div>\n.grid-{} {{ width: {}px; }}\nfunction update{}(v) {{ return v * {}; }}\n",
-                i % 97, i * 13 % 1000, ["energy", "city", "map", "chart"][i % 4], i % 31, 100 + i % 400, i, i % 9 + 1
-            ));
-        }
+        extend_file(&mut text, &mut i);
         let n = engine
             .tokenize(&Prompt::Text(text.clone()))
             .await
@@ -57,7 +42,7 @@ async fn file_of(engine: &Engine, num_tokens: usize, salt: usize) -> String {
 fn request(messages: &[Value], session: &SessionKey, max_tokens: usize) -> GenerateRequest {
     let mut req = GenerateRequest::new(Prompt::Chat {
         messages: Value::Array(messages.to_vec()),
-        tools: Some(tools()),
+        tools: Some(agent_tools()),
     });
     req.max_tokens = Some(max_tokens);
     req.session = Some(session.clone());
@@ -158,7 +143,7 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
     let prompt_tokens = engine
         .tokenize(&Prompt::Chat {
             messages: Value::Array(messages.clone()),
-            tools: Some(tools()),
+            tools: Some(agent_tools()),
         })
         .await
         .unwrap()

@@ -5,8 +5,12 @@
 //! reuse; the over-window turn is a 400 `context_length_exceeded` with its counts; the server
 //! keeps serving afterwards.
 
+#[path = "fixtures/agent.rs"]
+mod agent;
 #[path = "fixtures/api/client.rs"]
 mod client;
+
+use agent::*;
 
 use client::*;
 use mtpx::api::testing::{test_config, TestServer};
@@ -16,32 +20,14 @@ use mtpx::kv::KvDtype;
 use mtpx::model::test_model::TestModelSpec;
 use serde_json::{json, Value};
 
-const WINDOW: usize = 66_560;
 const SESSION: (&str, &str) = ("x-session-id", "agent-1");
-
-fn tools() -> Value {
-    json!([
-        {"type": "function", "function": {"name": "write", "description": "Write a file",
-          "parameters": {"type": "object", "properties": {"path": {"type": "string"},
-          "content": {"type": "string"}}, "required": ["path", "content"]}}},
-        {"type": "function", "function": {"name": "read", "description": "Read a file",
-          "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-          "required": ["path"]}}}
-    ])
-}
 
 /// About `num_tokens` tokens of HTML/CSS/JS-like text, measured with `/tokenize`.
 async fn file_of(s: &TestServer, num_tokens: usize, salt: usize) -> String {
     let mut text = String::new();
     let mut i = salt * 7919;
     loop {
-        for _ in 0..50 {
-            i += 1;
-            text.push_str(&format!(
-                "  <div class=\"panel-{}\" data-load=\"{}\">{}</div>\n.grid-{} {{ width: {}px; }}\nfunction update{}(v) {{ return v * {}; }}\n",
-                i % 97, i * 13 % 1000, ["energy", "city", "map", "chart"][i % 4], i % 31, 100 + i % 400, i, i % 9 + 1
-            ));
-        }
+        extend_file(&mut text, &mut i);
         let n = post(&s.at("/tokenize"), &json!({"prompt": text}))
             .await
             .json()["count"]
@@ -57,7 +43,7 @@ fn turn(messages: &[Value], max_tokens: usize, stream: bool) -> Value {
     json!({
         "model": "test-model",
         "messages": messages,
-        "tools": tools(),
+        "tools": agent_tools(),
         "tool_choice": "auto",
         "temperature": 0,
         "max_tokens": max_tokens,

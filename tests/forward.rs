@@ -131,3 +131,59 @@ fn the_test_model_is_small_enough_for_long_session_tests() {
     assert_eq!(model.config.num_mtp_layers, 1);
     assert_eq!(model.config.vocab_size, 512);
 }
+
+/// Rewrites the test model with `edit` applied to its metadata and tensor list.
+fn edited_model(
+    dir: &std::path::Path,
+    edit: impl FnOnce(
+        &mut Vec<(String, candle_core::quantized::gguf_file::Value)>,
+        &mut Vec<(String, candle_core::quantized::QTensor)>,
+    ),
+) -> std::path::PathBuf {
+    use candle_core::quantized::gguf_file;
+    let src = write_test_model(dir, &TestModelSpec::default()).unwrap();
+    let mut file = std::fs::File::open(&src).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut metadata: Vec<_> = content.metadata.clone().into_iter().collect();
+    let mut tensors: Vec<_> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = content
+                .tensor(&mut file, name, &candle_core::Device::Cpu)
+                .unwrap();
+            (name.clone(), t)
+        })
+        .collect();
+    edit(&mut metadata, &mut tensors);
+    let out = dir.join("edited.gguf");
+    let mut w = std::fs::File::create(&out).unwrap();
+    let m: Vec<_> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t: Vec<_> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut w, &m, &t).unwrap();
+    out
+}
+
+#[test]
+fn an_unknown_architecture_is_an_error_that_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = edited_model(dir.path(), |metadata, _| {
+        for (k, v) in metadata.iter_mut() {
+            if k == "general.architecture" {
+                *v = candle_core::quantized::gguf_file::Value::String("mamba".into());
+            }
+        }
+    });
+    let err = Transformer::load(&path).err().unwrap().to_string();
+    assert!(err.contains("`mamba`"), "{err}");
+}
+
+#[test]
+fn a_missing_tensor_is_an_error_that_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = edited_model(dir.path(), |_, tensors| {
+        tensors.retain(|(name, _)| name != "blk.1.ffn_up.weight");
+    });
+    let err = Transformer::load(&path).err().unwrap().to_string();
+    assert!(err.contains("blk.1.ffn_up.weight"), "{err}");
+}

@@ -97,3 +97,34 @@ async fn idle_sessions_expire_after_their_ttl_and_release_their_pages() {
     let stats = t.engine.pool_stats().await;
     assert_eq!(stats.num_used, stats.num_evictable, "{stats:?}");
 }
+
+#[actix_rt::test]
+async fn under_memory_pressure_the_least_recently_used_idle_session_gives_way() {
+    // 24 pages of 16 tokens (the test model's KV is 2 layers × 2 heads × 16 dims × f32).
+    let small = EngineConfig {
+        kv_memory: KvMemory::Bytes(24 * 2 * 2 * 2 * 16 * 16 * 4),
+        ..cfg(Duration::from_secs(3600))
+    };
+    let t = start_engine(&TestModelSpec::default(), small);
+    for (i, id) in ["older", "newer"].iter().enumerate() {
+        let mut req = greedy_tokens(token_ids(20 + i as u64, 150), 4);
+        req.session = Some(key(id));
+        assert!(run(&t.engine, req).await.error.is_none());
+    }
+    assert_eq!(t.engine.sessions().await.len(), 2);
+    // A request that needs most of the pool: the idle sessions must make room.
+    let out = run(&t.engine, greedy_tokens(token_ids(30, 250), 20)).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.token_ids.len(), 20);
+    let left: Vec<String> = t
+        .engine
+        .sessions()
+        .await
+        .into_iter()
+        .map(|s| s.session_id)
+        .collect();
+    assert!(
+        !left.contains(&"older".to_string()),
+        "the older session goes first: {left:?}"
+    );
+}
