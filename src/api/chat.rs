@@ -30,6 +30,8 @@ struct ChatContext {
     created: u64,
     model: String,
     parse_tools: bool,
+    /// Forced start of each reply (`tool_choice`), fed to the parser before the model's text.
+    forced_prefix: String,
     single_call: bool,
     logprobs: bool,
     include_usage: bool,
@@ -78,6 +80,7 @@ pub async fn chat_completions(
         created: super::unix_now(),
         model: state.config.model_id.clone(),
         parse_tools: prompt.parse_tools,
+        forced_prefix: prompt.forced_prefix.clone(),
         single_call: prompt.single_call,
         logprobs,
         include_usage: params
@@ -114,7 +117,8 @@ fn response(
         .enumerate()
         .map(|(index, c)| {
             let mut parser = ToolCallParser::new(ctx.parse_tools, ctx.single_call);
-            let mut pieces = parser.push(&c.text);
+            let mut pieces = parser.push(&ctx.forced_prefix);
+            pieces.extend(parser.push(&c.text));
             pieces.extend(parser.finish());
             let mut message = AssistantMessage {
                 role: "assistant".into(),
@@ -228,7 +232,7 @@ impl ChatStream {
 
     /// SSE frames for the merged choices, ending with `[DONE]`.
     fn frames(
-        self,
+        mut self,
         streams: Vec<crate::engine::EventStream>,
     ) -> futures::stream::LocalBoxStream<'static, Bytes> {
         let mut queue = VecDeque::new();
@@ -239,6 +243,11 @@ impl ChatStream {
                 ..ChunkDelta::default()
             };
             queue.push_back(self.chunk(index, delta, None, None));
+            // A forced tool call starts before the model's first token.
+            let prefix = self.ctx.forced_prefix.clone();
+            for piece in self.parsers[index].push(&prefix) {
+                queue.push_back(self.chunk(index, delta_of(piece), None, None));
+            }
         }
         let events = generate::merge(streams);
         futures::stream::unfold(

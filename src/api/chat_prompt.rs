@@ -9,8 +9,10 @@
 //!   apply `tojson` to it, as vLLM and llama.cpp do).
 //!
 //! `tool_choice`: `none` renders without tools (and tool calls are not parsed); `auto` is the
-//! default; `required` and a named function are honoured by a trailing system hint (the model
-//! is asked to call a tool / that function; output is not constrained).
+//! default; `required` and a named function are enforced by beginning the assistant's reply for
+//! it: the prompt ends with `<tool_call>\n{"name": "` (required) or `<tool_call>\n{"name": "NAME",
+//! "arguments": ` (named), so the model can only continue a call (of that function). The forced
+//! text is fed to the tool-call parser before the model's output.
 
 use super::errors::ApiError;
 use super::types::{ChatCompletionRequest, ToolChoice};
@@ -25,6 +27,8 @@ pub struct ChatPrompt {
     pub parse_tools: bool,
     /// `parallel_tool_calls: false`.
     pub single_call: bool,
+    /// The forced start of the reply (empty unless `tool_choice` forces a call).
+    pub forced_prefix: String,
 }
 
 /// Builds the prompt from the raw request object and its typed view.
@@ -39,7 +43,7 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         .get("messages")
         .and_then(Value::as_array)
         .ok_or_else(|| ApiError::invalid(Some("messages"), "`messages` must be an array"))?;
-    let mut messages = raw_messages
+    let messages = raw_messages
         .iter()
         .enumerate()
         .map(|(i, m)| normalize_message(i, m))
@@ -60,14 +64,15 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         }
     }
     let mut use_tools = !tool_names.is_empty();
+    let mut forced_prefix = String::new();
     match &req.tool_choice {
         None => {}
         Some(ToolChoice::Mode(mode)) => match mode.as_str() {
             "auto" => {}
             "none" => use_tools = false,
-            "required" if use_tools => messages.push(hint(
-                "Respond only with one or more tool calls, using the tools provided.".into(),
-            )),
+            // Forcing only the tag is not enough: small Qwen models end the reply right after
+            // it. Opening the JSON object as well makes them name a function.
+            "required" if use_tools => forced_prefix = "<tool_call>\n{\"name\": \"".into(),
             "required" => return Err(no_tools()),
             other => {
                 return Err(ApiError::invalid(
@@ -86,19 +91,26 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
                     format!("`tool_choice` names `{name}`, which is not among `tools`"),
                 ));
             }
-            messages.push(hint(format!(
-                "Respond only with a call of the function `{name}`."
-            )));
+            let name_json = serde_json::to_string(name).expect("a string serialises");
+            forced_prefix = format!("<tool_call>\n{{\"name\": {name_json}, \"arguments\": ");
         }
     }
     let tools = use_tools.then(|| raw.get("tools").cloned()).flatten();
-    Ok(ChatPrompt {
-        prompt: Prompt::Chat {
-            messages: Value::Array(messages),
+    let messages = Value::Array(messages);
+    let prompt = if forced_prefix.is_empty() {
+        Prompt::Chat { messages, tools }
+    } else {
+        Prompt::ChatContinued {
+            messages,
             tools,
-        },
+            assistant_prefix: forced_prefix.clone(),
+        }
+    };
+    Ok(ChatPrompt {
+        prompt,
         parse_tools: use_tools,
         single_call: req.parallel_tool_calls == Some(false),
+        forced_prefix,
     })
 }
 
@@ -107,10 +119,6 @@ fn no_tools() -> ApiError {
         Some("tool_choice"),
         "`tool_choice` is `required` but no `tools` were given",
     )
-}
-
-fn hint(text: String) -> Value {
-    json!({"role": "system", "content": text})
 }
 
 fn normalize_message(i: usize, raw: &Value) -> Result<Value, ApiError> {

@@ -20,7 +20,7 @@ pub struct TestServer {
     pub state: web::Data<AppState>,
     pub model_path: PathBuf,
     handle: ServerHandle,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl TestServer {
@@ -31,10 +31,29 @@ impl TestServer {
         Ok(server)
     }
 
+    /// A ready server over a model file of its own (a pulled real model).
+    pub fn start_model(
+        model_path: PathBuf,
+        engine: EngineConfig,
+        config: ApiConfig,
+    ) -> Result<Self> {
+        let server = Self::bind(model_path, None, config)?;
+        server.load(engine)?;
+        Ok(server)
+    }
+
     /// A server that is still "loading" (503) until [`TestServer::load`].
     pub fn start_loading(spec: &TestModelSpec, config: ApiConfig) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let model_path = write_test_model(dir.path(), spec)?;
+        Self::bind(model_path, Some(dir), config)
+    }
+
+    fn bind(
+        model_path: PathBuf,
+        dir: Option<tempfile::TempDir>,
+        config: ApiConfig,
+    ) -> Result<Self> {
         let state = web::Data::new(AppState::new(config));
         let (server, addr) = http_server(state.clone(), ("127.0.0.1", 0), 2, false)?;
         let handle = server.handle();

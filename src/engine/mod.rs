@@ -166,6 +166,21 @@ impl Engine {
                         messages: messages.clone(),
                         tools: tools.clone(),
                         add_generation_prompt: true,
+                        assistant_prefix: String::new(),
+                    })
+                    .await?
+            }
+            Prompt::ChatContinued {
+                messages,
+                tools,
+                assistant_prefix,
+            } => {
+                self.tokenizer
+                    .send(EncodeChat {
+                        messages: messages.clone(),
+                        tools: tools.clone(),
+                        add_generation_prompt: true,
+                        assistant_prefix: assistant_prefix.clone(),
                     })
                     .await?
             }

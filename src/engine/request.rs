@@ -17,6 +17,14 @@ pub enum Prompt {
         messages: serde_json::Value,
         tools: Option<serde_json::Value>,
     },
+    /// A chat whose assistant reply is already begun with `assistant_prefix` (the text after the
+    /// generation prompt): how a forced tool call (`tool_choice: required` or a named function)
+    /// is made. The model continues from the prefix; the prefix is not part of the output.
+    ChatContinued {
+        messages: serde_json::Value,
+        tools: Option<serde_json::Value>,
+        assistant_prefix: String,
+    },
 }
 
 #[derive(Debug, Clone)]

@@ -57,6 +57,8 @@ pub struct EncodeChat {
     pub messages: serde_json::Value,
     pub tools: Option<serde_json::Value>,
     pub add_generation_prompt: bool,
+    /// Text appended after the rendered prompt (the start of a forced assistant reply).
+    pub assistant_prefix: String,
 }
 
 impl Handler<EncodeChat> for TokenizerActor {
@@ -74,7 +76,7 @@ impl Handler<EncodeChat> for TokenizerActor {
                 &serde_json::json!({}),
             )
             .map_err(|e| EngineError::InvalidRequest(format!("chat template: {e:#}")))?;
-        encode(&self.tokenizer, &text)
+        encode(&self.tokenizer, &(text + &msg.assistant_prefix))
     }
 }
 

@@ -1,0 +1,207 @@
+//! The HTTP API over a real pulled model (Qwen2.5-Coder-0.5B-Instruct): tool calls streamed as
+//! OpenAI deltas that reassemble into valid JSON, and the agent regression at a 24,576-token
+//! window. Needs `mtpx pull qwen2.5-coder-0.5b` (tests/run.sh does it).
+
+#[path = "fixtures/agent.rs"]
+mod agent;
+#[path = "fixtures/api/client.rs"]
+mod client;
+
+use agent::*;
+use client::*;
+use mtpx::api::testing::{test_config, TestServer};
+use mtpx::config::KvMemory;
+use mtpx::engine::EngineConfig;
+use mtpx::kv::KvDtype;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+fn qwen() -> PathBuf {
+    let home = std::env::var_os("MTPX_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx"));
+    let path = home.join("models/qwen2.5-coder-0.5b.gguf");
+    assert!(path.exists(), "run `mtpx pull qwen2.5-coder-0.5b` first");
+    path
+}
+
+fn server(window: usize) -> TestServer {
+    let engine = EngineConfig {
+        context_window: Some(window),
+        kv_memory: KvMemory::Bytes(1 << 30),
+        kv_dtype: KvDtype::F16,
+        ..EngineConfig::default()
+    };
+    TestServer::start_model(qwen(), engine, test_config()).unwrap()
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"]}}}])
+}
+
+/// Reassembles streamed `delta.tool_calls` into (name, arguments) per call index, checking
+/// that no tool-call markup leaks into `content`.
+fn reassemble(events: &[Value]) -> (Vec<(String, String)>, String, Option<String>) {
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let mut content = String::new();
+    let mut finish = None;
+    for e in events.iter().filter(|e| e.is_object()) {
+        let Some(choice) = e["choices"].get(0) else {
+            continue;
+        };
+        if let Some(text) = choice["delta"]["content"].as_str() {
+            content.push_str(text);
+        }
+        for call in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let index = call["index"].as_u64().unwrap() as usize;
+            if calls.len() <= index {
+                calls.resize(index + 1, (String::new(), String::new()));
+                assert!(
+                    call["id"].as_str().is_some_and(|id| !id.is_empty()),
+                    "first delta has an id"
+                );
+            }
+            if let Some(name) = call["function"]["name"].as_str() {
+                calls[index].0.push_str(name);
+            }
+            if let Some(args) = call["function"]["arguments"].as_str() {
+                calls[index].1.push_str(args);
+            }
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = Some(f.to_string());
+        }
+    }
+    (calls, content, finish)
+}
+
+#[actix_rt::test]
+async fn qwen_streams_tool_calls_that_reassemble_into_valid_json() {
+    let s = server(4096);
+    // With `auto`, the 0.5B model answers this prompt with an untagged JSON object (no
+    // `<tool_call>` block), which stays content; `required` and a named function force the block.
+    for tool_choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "What is the weather like in Paris right now?"}],
+            "tools": weather_tool(),
+            "tool_choice": tool_choice,
+            "temperature": 0,
+            "max_tokens": 64,
+            "stream": true,
+        });
+        let reply = post(&s.at("/v1/chat/completions"), &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let (calls, content, finish) = reassemble(&reply.events());
+        assert!(
+            !content.contains("<tool_call>"),
+            "markup leaked: {content:?}"
+        );
+        assert_eq!(calls.len(), 1, "{tool_choice}: {calls:?} / {content:?}");
+        assert_eq!(calls[0].0, "get_weather");
+        let args: Value = serde_json::from_str(&calls[0].1)
+            .unwrap_or_else(|e| panic!("arguments {:?} are not JSON: {e}", calls[0].1));
+        assert!(args["city"].as_str().unwrap().contains("Paris"), "{args}");
+        assert_eq!(finish.as_deref(), Some("tool_calls"));
+
+        // The same request without streaming gives the same call.
+        let mut plain = body.clone();
+        plain["stream"] = json!(false);
+        let reply = post(&s.at("/v1/chat/completions"), &plain).await.json();
+        let call = &reply["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather");
+        assert_eq!(call["arguments"].as_str().unwrap(), calls[0].1);
+    }
+}
+
+/// About `num_tokens` tokens of file text, counted with `/tokenize`.
+async fn file_of(s: &TestServer, num_tokens: usize, salt: usize) -> String {
+    let mut text = String::new();
+    let mut line = salt * 7919;
+    loop {
+        extend_file(&mut text, &mut line);
+        let n = post(&s.at("/tokenize"), &json!({"prompt": text}))
+            .await
+            .json()["count"]
+            .as_u64()
+            .unwrap() as usize;
+        if n >= num_tokens {
+            return text;
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn qwen_agent_session_passes_16k_and_19k_in_a_24k_window() {
+    const QWEN_WINDOW: usize = 24_576;
+    let s = server(QWEN_WINDOW);
+    let session = [("x-session-id", "qwen-agent")];
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the tools to edit files."}),
+        json!({"role": "user", "content": "Create an HTML/CSS/JS future-city energy dashboard."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "write", "arguments": json!({"path": "index.html",
+            "content": file_of(&s, 3_400, 0).await}).to_string()}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "wrote index.html"}),
+    ];
+    let mut previous = 0;
+    let mut crossed = (false, false);
+    for turn in 1..=4 {
+        let body = json!({"messages": messages, "tools": agent_tools(), "temperature": 0,
+            "max_tokens": 8, "stream": turn % 2 == 0, "stream_options": {"include_usage": true}});
+        let reply = post_with(&s.at("/v1/chat/completions"), &body, &session).await;
+        assert_eq!(reply.status, 200, "turn {turn}: {}", reply.text());
+        let usage = if turn % 2 == 0 {
+            reply
+                .events()
+                .iter()
+                .find_map(|e| e.get("usage").filter(|u| !u.is_null()).cloned())
+                .unwrap()
+        } else {
+            reply.json()["usage"].clone()
+        };
+        let prompt = usage["prompt_tokens"].as_u64().unwrap() as usize;
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap() as usize;
+        println!("turn {turn}: prompt {prompt}, cached {cached}");
+        assert!(
+            cached + 16 > previous,
+            "turn {turn} lost its KV ({cached} < {previous})"
+        );
+        crossed.0 |= prompt > 16_384;
+        crossed.1 |= prompt > 19_295;
+        previous = prompt;
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_r{turn}"),
+            "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"part.js\"}"}}]}));
+        messages.push(
+            json!({"role": "tool", "tool_call_id": format!("call_r{turn}"),
+            "content": file_of(&s, 5_200, turn).await}),
+        );
+    }
+    assert!(
+        crossed.0 && crossed.1,
+        "the session must pass 16,384 and 19,295 tokens"
+    );
+    // The next turn cannot fit: a 400 with the counts, before inference.
+    let body = json!({"messages": messages, "tools": agent_tools(), "max_tokens": 4000});
+    let reply = post_with(&s.at("/v1/chat/completions"), &body, &session).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["code"], "context_length_exceeded");
+    // And the server keeps serving.
+    let ok = post(
+        &s.at("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+}
