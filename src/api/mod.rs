@@ -14,6 +14,9 @@
 //! | `POST /v1/chat/completions` | [`chat`] (stream and not) |
 //! | `POST /v1/chat/completions/count` | [`tokens`]: count a chat's prompt tokens |
 //! | `POST /v1/completions` | [`completions`] |
+//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | [`responses`] |
+//! | `GET /v1/responses` (WebSocket upgrade) | [`ws`]: Responses WebSocket mode |
+//! | `GET /v1/stats` | [`stats`]: engine state as JSON (pool, scheduler, sessions) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
@@ -33,12 +36,15 @@ pub mod health;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod responses;
 pub mod serve;
 pub mod sse;
+pub mod stats;
 pub mod testing;
 pub mod tokens;
 pub mod tool_calls;
 pub mod types;
+pub mod ws;
 
 use crate::engine::Engine;
 use actix_web::{web, HttpResponse};
@@ -70,6 +76,15 @@ pub struct ApiConfig {
     pub keep_alive: Duration,
     /// Origins allowed by CORS; empty means CORS is off.
     pub cors_origins: Vec<String>,
+    /// Largest WebSocket frame (or reassembled message) in bytes; beyond it the socket is
+    /// closed with 1009.
+    pub max_ws_frame: usize,
+    /// WebSocket ping interval; a peer silent for two intervals is dropped.
+    pub ws_ping: Duration,
+    /// How long stored responses stay continuable (`previous_response_id`).
+    pub response_ttl: Duration,
+    /// Most stored responses kept (the oldest go first).
+    pub max_stored_responses: usize,
 }
 
 impl ApiConfig {
@@ -81,6 +96,10 @@ impl ApiConfig {
             max_body: 16 << 20,
             keep_alive: Duration::from_secs(5),
             cors_origins: Vec::new(),
+            max_ws_frame: 16 << 20,
+            ws_ping: Duration::from_secs(15),
+            response_ttl: Duration::from_secs(3600),
+            max_stored_responses: 100_000,
         }
     }
 }
@@ -89,6 +108,8 @@ impl ApiConfig {
 pub struct AppState {
     pub config: ApiConfig,
     pub metrics: metrics::Metrics,
+    /// Stored responses (`previous_response_id`), scoped by API key.
+    pub responses: responses::store::ResponseStore,
     engine: OnceLock<Engine>,
     detokenizer: OnceLock<Detokenizer>,
     /// Unix seconds at start (the model's `created`).
@@ -99,6 +120,10 @@ impl AppState {
     /// A state that answers 503 until [`AppState::set_ready`].
     pub fn new(config: ApiConfig) -> Self {
         Self {
+            responses: responses::store::ResponseStore::new(
+                config.response_ttl,
+                config.max_stored_responses,
+            ),
             config,
             metrics: metrics::Metrics::default(),
             engine: OnceLock::new(),
@@ -193,6 +218,14 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         web::post().to(tokens::count_chat),
                     )
                     .route("/v1/completions", web::post().to(completions::completions))
+                    .route("/v1/responses", web::post().to(responses::create_response))
+                    .route("/v1/responses", web::get().to(ws::responses_socket))
+                    .route("/v1/responses/{id}", web::get().to(responses::get_response))
+                    .route(
+                        "/v1/responses/{id}",
+                        web::delete().to(responses::delete_response),
+                    )
+                    .route("/v1/stats", web::get().to(stats::stats))
                     .route("/tokenize", web::post().to(tokens::tokenize))
                     .route("/detokenize", web::post().to(tokens::detokenize))
                     .default_service(web::to(not_found)),
