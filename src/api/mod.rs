@@ -20,9 +20,11 @@
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
+//! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
 //! | `GET /openapi.json` | [`openapi`] |
 //!
-//! With an API key configured, every route except `/health`, `/metrics` and `/openapi.json`
+//! With an API key configured, every route except `/health`, `/metrics`, `/openapi.json` and
+//! the playground's static files
 //! needs it ([`auth`]), and session ids (`X-Session-Id`) are scoped to that key.
 
 pub mod auth;
@@ -36,6 +38,7 @@ pub mod health;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod playground;
 pub mod responses;
 pub mod serve;
 pub mod sse;
@@ -204,6 +207,9 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                             Ok(res)
                         }
                     })
+                    .route("/", web::get().to(playground::index))
+                    .route("/app.js", web::get().to(playground::app_js))
+                    .route("/style.css", web::get().to(playground::style_css))
                     .route("/health", web::get().to(health::health))
                     .route("/metrics", web::get().to(metrics::metrics))
                     .route("/openapi.json", web::get().to(openapi::openapi_json))
