@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod error;

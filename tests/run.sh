@@ -7,6 +7,8 @@
 #   3. cargo build --release;
 #   4. the CI models via `mtpx pull` (cached in $MTPX_HOME/models, verified by sha256);
 #   5. cargo test --release, with MTPX_PYTHON pointing at the venv's python.
+#   6. the openai-SDK suite (tests/python) and the playground in headless Chromium
+#      (apt-get install chromium, npm ci in tests/browser: playwright-core).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -78,3 +80,18 @@ cargo test --release "$@"
 
 step "openai SDK against mtpx serve (tests/python)"
 MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q tests/python
+
+step "Playground in headless Chromium (tests/browser)"
+if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+            || fail "apt-get install chromium failed"
+    else
+        fail "chromium not found (on Debian: sudo apt-get install chromium)"
+    fi
+fi
+command -v node >/dev/null || fail "node not found (needed for the playground test)"
+if [ ! -d tests/browser/node_modules/playwright-core ]; then
+    (cd tests/browser && npm ci --no-audit --no-fund) || fail "npm ci in tests/browser failed"
+fi
+MTPX_BIN="$ROOT/target/release/mtpx" CHROMIUM="$(command -v chromium)" node tests/browser/playground.test.mjs

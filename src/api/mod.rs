@@ -14,12 +14,17 @@
 //! | `POST /v1/chat/completions` | [`chat`] (stream and not) |
 //! | `POST /v1/chat/completions/count` | [`tokens`]: count a chat's prompt tokens |
 //! | `POST /v1/completions` | [`completions`] |
+//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | [`responses`] |
+//! | `GET /v1/responses` (WebSocket upgrade) | [`ws`]: Responses WebSocket mode |
+//! | `GET /v1/stats` | [`stats`]: engine state as JSON (pool, scheduler, sessions) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
+//! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
 //! | `GET /openapi.json` | [`openapi`] |
 //!
-//! With an API key configured, every route except `/health`, `/metrics` and `/openapi.json`
+//! With an API key configured, every route except `/health`, `/metrics`, `/openapi.json` and
+//! the playground's static files
 //! needs it ([`auth`]), and session ids (`X-Session-Id`) are scoped to that key.
 
 pub mod auth;
@@ -33,12 +38,16 @@ pub mod health;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod playground;
+pub mod responses;
 pub mod serve;
 pub mod sse;
+pub mod stats;
 pub mod testing;
 pub mod tokens;
 pub mod tool_calls;
 pub mod types;
+pub mod ws;
 
 use crate::engine::Engine;
 use actix_web::{web, HttpResponse};
@@ -70,6 +79,15 @@ pub struct ApiConfig {
     pub keep_alive: Duration,
     /// Origins allowed by CORS; empty means CORS is off.
     pub cors_origins: Vec<String>,
+    /// Largest WebSocket frame (or reassembled message) in bytes; beyond it the socket is
+    /// closed with 1009.
+    pub max_ws_frame: usize,
+    /// WebSocket ping interval; a peer silent for two intervals is dropped.
+    pub ws_ping: Duration,
+    /// How long stored responses stay continuable (`previous_response_id`).
+    pub response_ttl: Duration,
+    /// Most stored responses kept (the oldest go first).
+    pub max_stored_responses: usize,
 }
 
 impl ApiConfig {
@@ -81,6 +99,10 @@ impl ApiConfig {
             max_body: 16 << 20,
             keep_alive: Duration::from_secs(5),
             cors_origins: Vec::new(),
+            max_ws_frame: 16 << 20,
+            ws_ping: Duration::from_secs(15),
+            response_ttl: Duration::from_secs(3600),
+            max_stored_responses: 100_000,
         }
     }
 }
@@ -89,6 +111,8 @@ impl ApiConfig {
 pub struct AppState {
     pub config: ApiConfig,
     pub metrics: metrics::Metrics,
+    /// Stored responses (`previous_response_id`), scoped by API key.
+    pub responses: responses::store::ResponseStore,
     engine: OnceLock<Engine>,
     detokenizer: OnceLock<Detokenizer>,
     /// Unix seconds at start (the model's `created`).
@@ -99,6 +123,10 @@ impl AppState {
     /// A state that answers 503 until [`AppState::set_ready`].
     pub fn new(config: ApiConfig) -> Self {
         Self {
+            responses: responses::store::ResponseStore::new(
+                config.response_ttl,
+                config.max_stored_responses,
+            ),
             config,
             metrics: metrics::Metrics::default(),
             engine: OnceLock::new(),
@@ -179,6 +207,9 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                             Ok(res)
                         }
                     })
+                    .route("/", web::get().to(playground::index))
+                    .route("/app.js", web::get().to(playground::app_js))
+                    .route("/style.css", web::get().to(playground::style_css))
                     .route("/health", web::get().to(health::health))
                     .route("/metrics", web::get().to(metrics::metrics))
                     .route("/openapi.json", web::get().to(openapi::openapi_json))
@@ -193,6 +224,14 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         web::post().to(tokens::count_chat),
                     )
                     .route("/v1/completions", web::post().to(completions::completions))
+                    .route("/v1/responses", web::post().to(responses::create_response))
+                    .route("/v1/responses", web::get().to(ws::responses_socket))
+                    .route("/v1/responses/{id}", web::get().to(responses::get_response))
+                    .route(
+                        "/v1/responses/{id}",
+                        web::delete().to(responses::delete_response),
+                    )
+                    .route("/v1/stats", web::get().to(stats::stats))
                     .route("/tokenize", web::post().to(tokens::tokenize))
                     .route("/detokenize", web::post().to(tokens::detokenize))
                     .default_service(web::to(not_found)),

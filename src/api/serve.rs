@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// Seconds between SSE keep-alive comments while a stream waits.
     #[arg(long, default_value_t = 5)]
     pub sse_keep_alive: u64,
+    /// Largest WebSocket frame (or reassembled message); a bigger one closes the socket (1009).
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub max_ws_frame: usize,
+    /// Seconds between WebSocket pings; a peer silent for two intervals is dropped.
+    #[arg(long, default_value_t = 15)]
+    pub ws_ping: u64,
 }
 
 /// `16MiB`, `1MB`, `64KiB`, `65536`.
@@ -142,6 +148,9 @@ async fn run(args: ServeArgs) -> Result<()> {
     config.max_body = args.max_body;
     config.keep_alive = Duration::from_secs(args.sse_keep_alive.max(1));
     config.cors_origins = args.cors_origin.clone();
+    config.max_ws_frame = args.max_ws_frame;
+    config.ws_ping = Duration::from_secs(args.ws_ping.max(1));
+    config.response_ttl = Duration::from_secs(args.session_ttl);
     let state = actix_web::web::Data::new(AppState::new(config));
     let (server, addr) = http_server(state.clone(), (&args.host, args.port), args.workers, false)
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;

@@ -208,7 +208,7 @@ pub struct PromptTokensDetails {
 }
 
 /// llama.cpp-style timings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Timings {
     /// Prompt tokens reused from KV.
     pub cache_n: usize,

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_engine;
+mod chat;
 mod run;
 
 use crate::config::KvMemory;
@@ -49,6 +50,8 @@ enum Command {
     Serve(crate::api::serve::ServeArgs),
     /// Chat once with a model: stream the reply, then print timings.
     Run(run::RunArgs),
+    /// Chat in the terminal with a running `mtpx serve`, over one WebSocket session.
+    Chat(chat::ChatArgs),
     /// Measure prefill, decode, long-context decode and verify-step cost.
     Bench(bench::BenchArgs),
     /// Measure the serving engine: aggregate throughput under concurrency, continuation TTFT,
@@ -136,6 +139,7 @@ impl Cli {
             }
             Command::Serve(args) => crate::api::serve::serve(args),
             Command::Run(args) => run::run(args),
+            Command::Chat(args) => chat::chat(args),
             Command::Bench(args) => bench::bench(args),
             Command::BenchEngine(args) => bench_engine::bench_engine(args),
         }

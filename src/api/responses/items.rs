@@ -1,0 +1,297 @@
+//! Responses input items and tools → the chat messages and tools the model's chat template is
+//! given. The rendered conversation is a pure function of the stored items, so a continuation
+//! renders the same prefix and the session reuses its KV.
+//!
+//! - a string input is one user message; a `message` item (or an item with just `role` and
+//!   `content`) is a message, `developer` becoming `system`;
+//! - a `function_call` item is a tool call of an assistant message (consecutive calls, or a call
+//!   right after an assistant message, join that message);
+//! - a `function_call_output` item is a `tool` message;
+//! - `reasoning` items are skipped; other item types are refused naming their index.
+
+use super::super::errors::ApiError;
+use super::types::Input;
+use serde_json::{json, Map, Value};
+
+/// The chat messages of a request's `input`, appended to `messages`.
+pub fn append_input(messages: &mut Vec<Value>, input: &Input) -> Result<(), ApiError> {
+    match input {
+        Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
+        Input::Items(items) => {
+            for (i, item) in items.iter().enumerate() {
+                append_item(messages, i, item)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn append_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), ApiError> {
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or(if item.get("role").is_some() {
+            "message"
+        } else {
+            ""
+        });
+    match kind {
+        "message" => messages.push(message(i, item)?),
+        "function_call" => {
+            let call = json!({
+                "id": str_field(i, item, "call_id")?,
+                "type": "function",
+                "function": {
+                    "name": str_field(i, item, "name")?,
+                    "arguments": arguments_value(item.get("arguments")),
+                },
+            });
+            match messages.last_mut() {
+                Some(last) if last["role"] == "assistant" => {
+                    let calls = last
+                        .as_object_mut()
+                        .expect("messages are objects")
+                        .entry("tool_calls")
+                        .or_insert_with(|| json!([]));
+                    if let Some(calls) = calls.as_array_mut() {
+                        calls.push(call);
+                    }
+                }
+                _ => {
+                    messages.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}))
+                }
+            }
+        }
+        "function_call_output" => {
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => text_of_parts(i, parts)?,
+                _ => return Err(field_error(i, "output", "a string")),
+            };
+            messages.push(json!({
+                "role": "tool",
+                "tool_call_id": str_field(i, item, "call_id")?,
+                "content": output,
+            }));
+        }
+        "reasoning" => {}
+        other => {
+            return Err(ApiError::invalid(
+                Some(&format!("input[{i}].type")),
+                format!(
+                    "input items must be `message`, `function_call`, `function_call_output` or \
+                     `reasoning`, got `{other}`"
+                ),
+            )
+            .with_code("unsupported_input_item"))
+        }
+    }
+    Ok(())
+}
+
+fn message(i: usize, item: &Value) -> Result<Value, ApiError> {
+    let role = match item.get("role").and_then(Value::as_str) {
+        Some("developer" | "system") => "system",
+        Some(r @ ("user" | "assistant")) => r,
+        _ => {
+            return Err(field_error(
+                i,
+                "role",
+                "one of `user`, `assistant`, `system`, `developer`",
+            ))
+        }
+    };
+    let content = match item.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => text_of_parts(i, parts)?,
+        None | Some(Value::Null) => String::new(),
+        Some(_) => return Err(field_error(i, "content", "a string or text parts")),
+    };
+    Ok(json!({"role": role, "content": content}))
+}
+
+fn text_of_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+        match (kind, part.get("text").and_then(Value::as_str)) {
+            ("input_text" | "output_text" | "text", Some(t)) => text.push_str(t),
+            _ => {
+                return Err(ApiError::invalid(
+                    Some(&format!("input[{i}].content[{j}].type")),
+                    format!("only text content parts are supported, got `{kind}`"),
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
+fn str_field(i: usize, item: &Value, name: &str) -> Result<String, ApiError> {
+    item.get(name)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| field_error(i, name, "a string"))
+}
+
+fn field_error(i: usize, name: &str, what: &str) -> ApiError {
+    ApiError::invalid(
+        Some(&format!("input[{i}].{name}")),
+        format!("`input[{i}].{name}` must be {what}"),
+    )
+}
+
+/// A tool call's arguments for the template: the object when the string parses as one
+/// (templates apply `tojson`), else the string.
+pub fn arguments_value(args: Option<&Value>) -> Value {
+    match args {
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => Value::String(s.clone()),
+        },
+        Some(v) => v.clone(),
+        None => json!({}),
+    }
+}
+
+/// Responses function tools (`{"type": "function", "name", "description", "parameters"}`) in
+/// the chat-completions shape templates expect. Hosted tools are refused.
+pub fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind != "function" {
+                return Err(ApiError::invalid(
+                    Some(&format!("tools[{i}].type")),
+                    format!(
+                        "only `function` tools are supported; the hosted tool `{kind}` is not \
+                         available on this server"
+                    ),
+                )
+                .with_code("unsupported_tool"));
+            }
+            // Also accept the chat-completions shape (`function: {...}`).
+            let f = tool.get("function").unwrap_or(tool);
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(
+                    Some(&format!("tools[{i}].name")),
+                    "a function tool needs a `name`",
+                )
+            })?;
+            let mut function = Map::new();
+            function.insert("name".into(), json!(name));
+            for key in ["description", "parameters"] {
+                if let Some(v) = f.get(key).filter(|v| !v.is_null()) {
+                    function.insert(key.into(), v.clone());
+                }
+            }
+            Ok(json!({"type": "function", "function": function}))
+        })
+        .collect()
+}
+
+/// How `tool_choice` shapes the prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolMode {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+/// `"auto" | "none" | "required" | {"type": "function", "name"}` (the chat shape
+/// `{"function": {"name"}}` is accepted too).
+pub fn tool_mode(choice: Option<&Value>, tool_names: &[&str]) -> Result<ToolMode, ApiError> {
+    let invalid = |msg: String| ApiError::invalid(Some("tool_choice"), msg);
+    let mode = match choice {
+        None | Some(Value::Null) => ToolMode::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolMode::Auto,
+            "none" => ToolMode::None,
+            "required" => ToolMode::Required,
+            other => {
+                return Err(invalid(format!(
+                    "`tool_choice` must be auto, none, required or a named function, got `{other}`"
+                )))
+            }
+        },
+        Some(v) => {
+            let name = v
+                .get("name")
+                .or_else(|| v.pointer("/function/name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid("`tool_choice` object needs a function `name`".into()))?;
+            if !tool_names.contains(&name) {
+                return Err(ApiError::invalid(
+                    Some("tool_choice.name"),
+                    format!("`tool_choice` names `{name}`, which is not among `tools`"),
+                ));
+            }
+            ToolMode::Named(name.to_string())
+        }
+    };
+    if mode == ToolMode::Required && tool_names.is_empty() {
+        return Err(invalid(
+            "`tool_choice` is `required` but no `tools` were given".into(),
+        ));
+    }
+    Ok(mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_become_chat_messages() {
+        let input: Input = serde_json::from_value(json!([
+            {"role": "developer", "content": "be brief"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{\"path\": \"a\"}"},
+            {"type": "function_call", "call_id": "c2", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "A"},
+            {"type": "reasoning", "summary": []},
+        ]))
+        .unwrap();
+        let mut m = Vec::new();
+        append_input(&mut m, &input).unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(m[1]["content"], "hi");
+        assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"]["arguments"],
+            json!({"path": "a"})
+        );
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "A"})
+        );
+    }
+
+    #[test]
+    fn bad_items_and_hosted_tools_name_their_field() {
+        let mut m = Vec::new();
+        let bad = Input::Items(vec![json!({"type": "item_reference", "id": "x"})]);
+        let e = append_input(&mut m, &bad).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[0].type"));
+        let bad = Input::Items(vec![json!({"type": "function_call_output", "output": "x"})]);
+        let e = append_input(&mut m, &bad).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
+        let e = chat_tools(&[json!({"type": "web_search"})]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[0].type"));
+        assert_eq!(e.code, Some("unsupported_tool"));
+        let t = chat_tools(&[json!({"type": "function", "name": "f", "parameters": {}})]).unwrap();
+        assert_eq!(t[0]["function"]["name"], "f");
+        assert_eq!(
+            tool_mode(Some(&json!({"type": "function", "name": "g"})), &["f"])
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("tool_choice.name")
+        );
+        assert!(tool_mode(Some(&json!("required")), &[]).is_err());
+    }
+}

@@ -1,0 +1,346 @@
+//! The Responses API: `POST /v1/responses` (streamed as SSE or not), `GET` / `DELETE
+//! /v1/responses/{id}`, and what the WebSocket mode ([`super::ws`]) shares with them.
+//!
+//! A request becomes a [`Job`] ([`prepare`]): the stored conversation of `previous_response_id`
+//! (unknown or another key's → 400, never a silent restart) plus the new input items, rendered
+//! with `instructions` through the chat template. A stored conversation is bound to an engine
+//! session named after it, so a continuation re-renders the whole conversation and the session
+//! reuses the KV up to the first differing token: only the new items are prefilled. [`run`]
+//! drives the engine's events through the [`builder::Builder`] and emits the standard events to
+//! whoever streams them (SSE, a WebSocket, or nobody for a plain JSON answer).
+
+pub mod builder;
+pub mod items;
+pub mod store;
+pub mod types;
+
+use super::auth::Authorized;
+use super::errors::{from_value, parse_object, read_body, ApiError};
+use super::generate::{self, Plan};
+use super::metrics::TokenClock;
+use super::types::GenerationParams;
+use super::{sse, AppState};
+use crate::engine::{Engine, EngineEvent, EventStream, Prompt};
+use crate::scheduler::FinishReason;
+use crate::session::SessionKey;
+use actix_web::web::Bytes;
+use actix_web::{web, HttpRequest, HttpResponse};
+use builder::{assistant_message, new_item_id, Builder, Ending};
+use items::ToolMode;
+use serde_json::{json, Value};
+use std::future::Future;
+use types::{ResponseEvent, ResponseObject, ResponsesRequest};
+
+/// A validated request, ready to submit.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub id: String,
+    pub scope: String,
+    /// Names the engine session (and is inherited by continuations).
+    pub conversation_id: String,
+    /// The conversation so far (stored messages and the new input), without `instructions`.
+    pub history: Vec<Value>,
+    pub plan: Plan,
+    pub parse_tools: bool,
+    pub single_call: bool,
+    pub store: bool,
+    /// The response object as created.
+    pub template: ResponseObject,
+}
+
+fn session_of(scope: &str, conversation_id: &str) -> SessionKey {
+    SessionKey {
+        scope: scope.to_string(),
+        session_id: format!("responses/{conversation_id}"),
+    }
+}
+
+fn unknown_previous(id: &str) -> ApiError {
+    ApiError::invalid(
+        Some("previous_response_id"),
+        format!(
+            "Previous response with id `{id}` not found (it may have expired, not been stored, \
+             or belong to another API key)."
+        ),
+    )
+    .with_code("previous_response_not_found")
+}
+
+/// Validates a request body (`value`, a JSON object) into a job with response id `id`.
+pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Result<Job, ApiError> {
+    let req: ResponsesRequest = from_value(value)?;
+    let mut params: GenerationParams = from_value(value)?;
+    state.check_model(req.model.as_deref())?;
+    params.n = None;
+    params.max_tokens = None;
+    params.max_completion_tokens = req.max_output_tokens;
+    if req.max_output_tokens == Some(0) {
+        return Err(ApiError::invalid(
+            Some("max_output_tokens"),
+            "`max_output_tokens` must be at least 1",
+        ));
+    }
+    let raw_tools = req.tools.clone().unwrap_or_default();
+    let tools = items::chat_tools(&raw_tools)?;
+    let names: Vec<&str> = tools
+        .iter()
+        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+        .collect();
+    let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
+    let (conversation_id, mut history) = match &req.previous_response_id {
+        Some(prev) => {
+            let entry = state
+                .responses
+                .get(scope, prev)
+                .ok_or_else(|| unknown_previous(prev))?;
+            (entry.conversation_id.clone(), (*entry.messages).clone())
+        }
+        None => (new_item_id("conv"), Vec::new()),
+    };
+    match &req.input {
+        Some(input) => items::append_input(&mut history, input)?,
+        None if req.previous_response_id.is_none() => {
+            return Err(ApiError::invalid(Some("input"), "`input` is required"))
+        }
+        None => {}
+    }
+    let mut messages: Vec<Value> = req
+        .instructions
+        .iter()
+        .map(|i| json!({"role": "system", "content": i}))
+        .collect();
+    messages.extend(history.iter().cloned());
+    if history.is_empty() {
+        return Err(ApiError::invalid(
+            Some("input"),
+            "`input` must not be empty",
+        ));
+    }
+    let use_tools = !tools.is_empty() && mode != ToolMode::None;
+    match &mode {
+        ToolMode::Required => messages.push(json!({"role": "system", "content":
+            "Respond only with one or more tool calls, using the tools provided."})),
+        ToolMode::Named(name) => messages.push(json!({"role": "system", "content":
+            format!("Respond only with a call of the function `{name}`.")})),
+        ToolMode::Auto | ToolMode::None => {}
+    }
+    let prompt = Prompt::Chat {
+        messages: Value::Array(messages),
+        tools: use_tools.then(|| Value::Array(tools)),
+    };
+    let store = req.store.unwrap_or(true);
+    let session = store.then(|| session_of(scope, &conversation_id));
+    let plan = generate::plan(&params, prompt, false, 0, session)?;
+    let template = ResponseObject {
+        id: id.clone(),
+        object: "response".into(),
+        created_at: super::unix_now(),
+        status: "in_progress".into(),
+        error: None,
+        incomplete_details: None,
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        model: state.config.model_id.clone(),
+        output: Vec::new(),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        previous_response_id: req.previous_response_id.clone(),
+        store,
+        temperature: Some(plan.sampling.temperature),
+        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        tools: raw_tools,
+        top_p: Some(plan.sampling.top_p),
+        truncation: "disabled".into(),
+        usage: None,
+        metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+        text: json!({"format": {"type": "text"}}),
+        timings: None,
+        conversation: None,
+    };
+    Ok(Job {
+        id,
+        scope: scope.to_string(),
+        conversation_id,
+        history,
+        plan,
+        parse_tools: use_tools,
+        single_call: req.parallel_tool_calls == Some(false),
+        store,
+        template,
+    })
+}
+
+/// Submits the job. When its conversation's session is busy (two continuations of the same
+/// response at once), the job forks into a new conversation rather than failing.
+pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiError> {
+    let first = generate::submit_all(engine, &job.plan).await;
+    let mut streams = match first {
+        Err(e) if e.code == Some("session_busy") => {
+            job.conversation_id = new_item_id("conv");
+            job.plan.session = Some(session_of(&job.scope, &job.conversation_id));
+            generate::submit_all(engine, &job.plan).await?
+        }
+        other => other?,
+    };
+    Ok(streams.remove(0))
+}
+
+/// Streams a submitted job to its end: events go to `emit` (which returns `false` once its
+/// receiver is gone: the run stops and dropping the engine stream cancels the request);
+/// `cancel` resolving stops it with status `cancelled`. A finished response is stored (when
+/// `store`) before its terminal event is emitted, so a client may continue from it at once.
+pub async fn run(
+    job: Job,
+    mut stream: EventStream,
+    state: web::Data<AppState>,
+    cancel: impl Future<Output = ()>,
+    mut emit: impl FnMut(ResponseEvent) -> bool,
+) -> Option<ResponseObject> {
+    let mut template = job.template.clone();
+    if job.store {
+        template.conversation = Some(json!({ "id": job.conversation_id }));
+    }
+    let mut builder = Builder::new(template, job.parse_tools, job.single_call);
+    for e in builder.start() {
+        if !emit(e) {
+            return None;
+        }
+    }
+    let mut clock = TokenClock::start();
+    tokio::pin!(cancel);
+    let (ending, usage) = loop {
+        let event = tokio::select! {
+            e = stream.recv() => e,
+            _ = &mut cancel => break (Ending::Cancelled, None),
+        };
+        match event {
+            None => {
+                let e = ApiError::internal("the request ended without finishing");
+                break (Ending::Failed(e.body()["error"].clone()), None);
+            }
+            Some(EngineEvent::Started { .. }) => {}
+            Some(EngineEvent::Delta {
+                text, token_ids, ..
+            }) => {
+                clock.tokens(&state.metrics, token_ids.len());
+                for e in builder.push_text(&text) {
+                    if !emit(e) {
+                        return None;
+                    }
+                }
+            }
+            Some(EngineEvent::Finished { reason, usage }) => {
+                let ending = match reason {
+                    FinishReason::Stop => Ending::Completed,
+                    FinishReason::Length => Ending::Length,
+                    FinishReason::Cancelled => Ending::Cancelled,
+                };
+                break (ending, Some(usage));
+            }
+            Some(EngineEvent::Error(e)) => {
+                break (
+                    Ending::Failed(ApiError::from(e).body()["error"].clone()),
+                    None,
+                )
+            }
+        }
+    };
+    drop(stream);
+    if let Some(u) = usage {
+        state
+            .metrics
+            .count_usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
+    }
+    let failed = matches!(ending, Ending::Failed(_));
+    let (events, response) = builder.finish(ending, usage);
+    if job.store && !failed {
+        let mut messages = job.history;
+        messages.push(assistant_message(&response));
+        state
+            .responses
+            .insert(&job.scope, &job.conversation_id, messages, response.clone());
+    }
+    for e in events {
+        if !emit(e) {
+            break;
+        }
+    }
+    Some(response)
+}
+
+/// One SSE event: `event: TYPE` and `data: JSON`.
+fn sse_event(e: &ResponseEvent) -> Bytes {
+    let json = serde_json::to_string(e).unwrap_or_else(|_| "{}".into());
+    Bytes::from(format!("event: {}\ndata: {json}\n\n", e.kind()))
+}
+
+/// Create a response.
+pub async fn create_response(
+    auth: Authorized,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(&req, payload, state.config.max_body).await?;
+    let value = parse_object(&body)?;
+    let mut job = prepare(&state, &auth.scope, &value, new_item_id("resp"))?;
+    let streamed = value.get("stream").and_then(Value::as_bool) == Some(true);
+    let engine = state.engine()?;
+    let events = submit(engine, &mut job).await?;
+    if streamed {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        actix_rt::spawn(run(
+            job,
+            events,
+            state.clone(),
+            std::future::pending(),
+            move |e| tx.send(sse_event(&e)).is_ok(),
+        ));
+        let frames = Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (b, rx))
+        }));
+        return Ok(sse::response(frames, state.config.keep_alive));
+    }
+    let response = run(job, events, state.clone(), std::future::pending(), |_| true)
+        .await
+        .ok_or_else(|| ApiError::internal("the response was not produced"))?;
+    if let Some(error) = response
+        .error
+        .clone()
+        .filter(|_| response.status == "failed")
+    {
+        return Ok(HttpResponse::InternalServerError().json(json!({ "error": error })));
+    }
+    Ok(HttpResponse::Ok().json(response))
+}
+
+fn not_stored(id: &str) -> ApiError {
+    let mut e = ApiError::invalid(Some("response_id"), format!("No response with id `{id}`."))
+        .with_code("response_not_found");
+    e.status = actix_web::http::StatusCode::NOT_FOUND;
+    e
+}
+
+/// A stored response.
+pub async fn get_response(
+    auth: Authorized,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let entry = state
+        .responses
+        .get(&auth.scope, &id)
+        .ok_or_else(|| not_stored(&id))?;
+    Ok(HttpResponse::Ok().json(&*entry.response))
+}
+
+/// Deletes a stored response (its conversation's later responses keep working).
+pub async fn delete_response(
+    auth: Authorized,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    if !state.responses.remove(&auth.scope, &id) {
+        return Err(not_stored(&id));
+    }
+    Ok(HttpResponse::Ok().json(json!({"id": *id, "object": "response.deleted", "deleted": true})))
+}

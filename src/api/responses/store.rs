@@ -1,0 +1,97 @@
+//! Stored responses: what `previous_response_id` continues. Each entry keeps the whole
+//! conversation as chat messages (inputs and outputs, without `instructions`), the id of the
+//! conversation (which names the engine session holding its KV), and the final response object
+//! for `GET /v1/responses/{id}`. Entries are scoped by API key: another key's id is unknown.
+//!
+//! The map is only touched in short, non-async critical sections (never across an `.await`).
+//! Entries expire after a TTL (the session TTL in `serve`) and the oldest go first beyond a cap.
+
+use super::types::ResponseObject;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct StoredResponse {
+    pub scope: String,
+    pub conversation_id: String,
+    /// The conversation up to and including this response's output.
+    pub messages: Arc<Vec<serde_json::Value>>,
+    pub response: Arc<ResponseObject>,
+    stored_at: Instant,
+}
+
+pub struct ResponseStore {
+    entries: Mutex<HashMap<String, StoredResponse>>,
+    ttl: Duration,
+    max_entries: usize,
+}
+
+impl ResponseStore {
+    pub fn new(ttl: Duration, max_entries: usize) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            ttl,
+            max_entries: max_entries.max(1),
+        }
+    }
+
+    pub fn insert(
+        &self,
+        scope: &str,
+        conversation_id: &str,
+        messages: Vec<serde_json::Value>,
+        response: ResponseObject,
+    ) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let ttl = self.ttl;
+        entries.retain(|_, e| e.stored_at.elapsed() < ttl);
+        while entries.len() >= self.max_entries {
+            let Some(oldest) = entries
+                .iter()
+                .min_by_key(|(_, e)| e.stored_at)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            entries.remove(&oldest);
+        }
+        entries.insert(
+            response.id.clone(),
+            StoredResponse {
+                scope: scope.to_string(),
+                conversation_id: conversation_id.to_string(),
+                messages: Arc::new(messages),
+                response: Arc::new(response),
+                stored_at: Instant::now(),
+            },
+        );
+    }
+
+    /// The response `id` if it exists, has not expired and belongs to `scope`.
+    pub fn get(&self, scope: &str, id: &str) -> Option<StoredResponse> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(id)
+            .filter(|e| e.scope == scope && e.stored_at.elapsed() < self.ttl)
+            .cloned()
+    }
+
+    /// Deletes `id` when it belongs to `scope`; whether it did.
+    pub fn remove(&self, scope: &str, id: &str) -> bool {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.get(id).is_some_and(|e| e.scope == scope) {
+            entries.remove(id);
+            return true;
+        }
+        false
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,327 @@
+//! Responses API wire types: the request body (shared by `POST /v1/responses` and the
+//! WebSocket `response.create` event), the response object, its output items and the streamed
+//! events. The events are one serde enum so the server and the crate's client speak the same
+//! shapes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `POST /v1/responses` (and the body of a WebSocket `response.create`). Unknown fields are
+/// ignored; the sampling fields (`temperature`, `top_p`, `top_k`, `seed`, penalties, …) are
+/// read as in chat completions.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: Option<String>,
+    /// A string (one user message) or a list of items.
+    pub input: Option<Input>,
+    /// A system message put before the conversation (not carried over by
+    /// `previous_response_id`).
+    pub instructions: Option<String>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_output_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub previous_response_id: Option<String>,
+    /// Keep the response so `previous_response_id` can continue it (default true).
+    pub store: Option<bool>,
+    pub stream: Option<bool>,
+    pub metadata: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Input {
+    Text(String),
+    Items(Vec<Value>),
+}
+
+/// The response object (`"object": "response"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseObject {
+    pub id: String,
+    pub object: String,
+    pub created_at: u64,
+    /// `in_progress`, `completed`, `incomplete`, `cancelled` or `failed`.
+    pub status: String,
+    pub error: Option<Value>,
+    pub incomplete_details: Option<IncompleteDetails>,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u32>,
+    pub model: String,
+    pub output: Vec<OutputItem>,
+    pub parallel_tool_calls: bool,
+    pub previous_response_id: Option<String>,
+    pub store: bool,
+    pub temperature: Option<f32>,
+    pub tool_choice: Value,
+    pub tools: Vec<Value>,
+    pub top_p: Option<f32>,
+    pub truncation: String,
+    pub usage: Option<ResponseUsage>,
+    pub metadata: Value,
+    pub text: Value,
+    /// The conversation this response belongs to (names its engine session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<Value>,
+    /// llama.cpp-style timings (an mtpx extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<super::super::types::Timings>,
+}
+
+impl ResponseObject {
+    /// The concatenated `output_text` parts of the message items.
+    pub fn output_text(&self) -> String {
+        self.output
+            .iter()
+            .filter_map(|item| match item {
+                OutputItem::Message { content, .. } => Some(content),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|c| match c {
+                OutputContent::OutputText { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The function calls among the output items: `(call_id, name, arguments)`.
+    pub fn function_calls(&self) -> Vec<(String, String, String)> {
+        self.output
+            .iter()
+            .filter_map(|item| match item {
+                OutputItem::FunctionCall {
+                    call_id,
+                    name,
+                    arguments,
+                    ..
+                } => Some((call_id.clone(), name.clone(), arguments.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncompleteDetails {
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseUsage {
+    pub input_tokens: usize,
+    pub input_tokens_details: InputTokensDetails,
+    pub output_tokens: usize,
+    pub output_tokens_details: OutputTokensDetails,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct InputTokensDetails {
+    /// Input tokens whose KV was reused instead of prefilled.
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputTokensDetails {
+    pub reasoning_tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum OutputItem {
+    #[serde(rename = "message")]
+    Message {
+        id: String,
+        status: String,
+        role: String,
+        content: Vec<OutputContent>,
+    },
+    #[serde(rename = "function_call")]
+    FunctionCall {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: String,
+    },
+    #[serde(rename = "reasoning")]
+    Reasoning {
+        id: String,
+        summary: Vec<Value>,
+        content: Vec<OutputContent>,
+        status: String,
+    },
+}
+
+impl OutputItem {
+    pub fn id(&self) -> &str {
+        match self {
+            OutputItem::Message { id, .. }
+            | OutputItem::FunctionCall { id, .. }
+            | OutputItem::Reasoning { id, .. } => id,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum OutputContent {
+    #[serde(rename = "output_text")]
+    OutputText {
+        text: String,
+        annotations: Vec<Value>,
+        logprobs: Vec<Value>,
+    },
+    #[serde(rename = "reasoning_text")]
+    ReasoningText { text: String },
+}
+
+/// A streamed event (an SSE `data:` object, or a WebSocket text frame). On the WebSocket, the
+/// events of a tagged `response.create` also carry its `tag`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ResponseEvent {
+    #[serde(rename = "response.created")]
+    Created {
+        sequence_number: u64,
+        response: Box<ResponseObject>,
+    },
+    #[serde(rename = "response.in_progress")]
+    InProgress {
+        sequence_number: u64,
+        response: Box<ResponseObject>,
+    },
+    #[serde(rename = "response.output_item.added")]
+    OutputItemAdded {
+        sequence_number: u64,
+        output_index: usize,
+        item: OutputItem,
+    },
+    #[serde(rename = "response.output_item.done")]
+    OutputItemDone {
+        sequence_number: u64,
+        output_index: usize,
+        item: OutputItem,
+    },
+    #[serde(rename = "response.content_part.added")]
+    ContentPartAdded {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        part: OutputContent,
+    },
+    #[serde(rename = "response.content_part.done")]
+    ContentPartDone {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        part: OutputContent,
+    },
+    #[serde(rename = "response.output_text.delta")]
+    OutputTextDelta {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        delta: String,
+        logprobs: Vec<Value>,
+    },
+    #[serde(rename = "response.output_text.done")]
+    OutputTextDone {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        text: String,
+        logprobs: Vec<Value>,
+    },
+    #[serde(rename = "response.reasoning_text.delta")]
+    ReasoningTextDelta {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        delta: String,
+    },
+    #[serde(rename = "response.reasoning_text.done")]
+    ReasoningTextDone {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        text: String,
+    },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        delta: String,
+    },
+    #[serde(rename = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone {
+        sequence_number: u64,
+        item_id: String,
+        output_index: usize,
+        name: String,
+        arguments: String,
+    },
+    #[serde(rename = "response.completed")]
+    Completed {
+        sequence_number: u64,
+        response: Box<ResponseObject>,
+    },
+    #[serde(rename = "response.incomplete")]
+    Incomplete {
+        sequence_number: u64,
+        response: Box<ResponseObject>,
+    },
+    #[serde(rename = "response.cancelled")]
+    Cancelled {
+        sequence_number: u64,
+        response: Box<ResponseObject>,
+    },
+    #[serde(rename = "response.failed")]
+    Failed {
+        sequence_number: u64,
+        response: Box<ResponseObject>,
+    },
+    /// A refused request or a malformed frame: `error` has the OpenAI error shape.
+    #[serde(rename = "error")]
+    Error { error: Value },
+    /// An event type this version does not know (clients only).
+    #[serde(other)]
+    Unknown,
+}
+
+impl ResponseEvent {
+    /// The final response object, for the terminal events.
+    pub fn terminal_response(&self) -> Option<&ResponseObject> {
+        match self {
+            ResponseEvent::Completed { response, .. }
+            | ResponseEvent::Incomplete { response, .. }
+            | ResponseEvent::Cancelled { response, .. }
+            | ResponseEvent::Failed { response, .. } => Some(response),
+            _ => None,
+        }
+    }
+
+    /// The event's `type` string.
+    pub fn kind(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| "unknown".into())
+    }
+
+    pub fn sequence_number(&self) -> Option<u64> {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get("sequence_number").and_then(Value::as_u64))
+    }
+}

@@ -1,0 +1,3 @@
+//! Clients of mtpx's own server, for tests, `mtpx bench` and `mtpx chat`.
+
+pub mod ws;

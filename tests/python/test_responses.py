@@ -1,0 +1,104 @@
+"""The official `openai` SDK's Responses API against a real `mtpx serve` of the test model.
+
+The test model is random, so output text is nonsense; the suite checks the protocol: what
+the SDK sends is accepted, and what comes back parses into the SDK's types, streamed and not,
+and `previous_response_id` continues the stored conversation (its KV reused).
+"""
+
+import json
+
+import openai
+import pytest
+from openai import OpenAI
+
+BAN_SPECIALS = {str(i): -100 for i in range(503, 512)}
+MODEL = "test-model"
+PAGE = 16
+TOOLS = [
+    {
+        "type": "function",
+        "name": "read",
+        "description": "Read a file",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    }
+]
+
+
+@pytest.fixture()
+def client(server_url) -> OpenAI:
+    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+
+
+def create(client: OpenAI, **kw):
+    args = dict(
+        model=MODEL,
+        instructions="You are terse.",
+        input="Write a haiku about pages.",
+        temperature=0,
+        max_output_tokens=10,
+        extra_body={"logit_bias": BAN_SPECIALS},
+    )
+    args.update(kw)
+    return client.responses.create(**args)
+
+
+def test_plain_response(client):
+    r = create(client)
+    assert r.object == "response"
+    assert r.status == "incomplete"
+    assert r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].type == "message"
+    assert r.output[0].role == "assistant"
+    assert isinstance(r.output_text, str) and r.output_text
+    assert r.usage.output_tokens == 10
+    assert r.usage.total_tokens == r.usage.input_tokens + 10
+    assert r.usage.input_tokens_details.cached_tokens >= 0
+    assert client.responses.retrieve(r.id).id == r.id
+
+
+def test_streaming_equals_non_streaming(client):
+    plain = create(client)
+    events = list(create(client, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-1] == "response.incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == plain.output_text
+    assert events[-1].response.output_text == plain.output_text
+    assert events[-1].response.usage.output_tokens == 10
+
+
+def test_previous_response_id_continues_with_tool_rounds(client):
+    first = create(client, tools=TOOLS)
+    prev = first
+    for turn in range(1, 4):
+        call_id = f"call_{turn}"
+        r = create(
+            client,
+            tools=TOOLS,
+            previous_response_id=prev.id,
+            input=[
+                {"type": "function_call", "call_id": call_id, "name": "read",
+                 "arguments": json.dumps({"path": f"f{turn}.py"})},
+                {"type": "function_call_output", "call_id": call_id, "output": f"print({turn})"},
+            ],
+        )
+        assert r.previous_response_id == prev.id
+        prev_input = prev.usage.input_tokens
+        cached = r.usage.input_tokens_details.cached_tokens
+        assert cached >= prev_input - prev_input % PAGE, (cached, prev_input)
+        prev = r
+
+
+def test_errors_are_openai_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        create(client, previous_response_id="resp_does_not_exist")
+    assert e.value.code == "previous_response_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        create(client, tools=[{"type": "web_search_preview"}])
+    assert e.value.code == "unsupported_tool"
