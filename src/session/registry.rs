@@ -126,12 +126,25 @@ impl Handler<EvictLeastRecentlyUsed> for SessionRegistry {
 pub struct ExpireAll;
 
 impl Handler<ExpireAll> for SessionRegistry {
-    type Result = ();
-    fn handle(&mut self, _: ExpireAll, ctx: &mut Context<Self>) {
-        let keys: Vec<SessionKey> = self.sessions.keys().cloned().collect();
-        for key in keys {
-            self.expire(key, ctx);
-        }
+    type Result = ResponseActFuture<Self, ()>;
+    /// Replies once every idle session has released its pages.
+    fn handle(&mut self, _: ExpireAll, _: &mut Context<Self>) -> Self::Result {
+        let sessions: Vec<(SessionKey, Addr<SessionActor>)> = self
+            .sessions
+            .iter()
+            .map(|(k, e)| (k.clone(), e.addr.clone()))
+            .collect();
+        let expiries =
+            futures::future::join_all(sessions.into_iter().map(|(key, addr)| async move {
+                (key, addr.send(TryExpire).await.unwrap_or(true))
+            }));
+        Box::pin(expiries.into_actor(self).map(|results, act, _| {
+            for (key, expired) in results {
+                if expired {
+                    act.sessions.remove(&key);
+                }
+            }
+        }))
     }
 }
 
