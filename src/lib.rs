@@ -18,4 +18,5 @@ pub mod runner;
 pub mod sampling;
 pub mod scheduler;
 pub mod session;
+pub mod spec;
 pub mod tokenizer;
