@@ -62,6 +62,8 @@ pub struct ServeArgs {
     /// Seconds between SSE keep-alive comments while a stream waits.
     #[arg(long, default_value_t = 5)]
     pub sse_keep_alive: u64,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 /// `16MiB`, `1MB`, `64KiB`, `65536`.
@@ -99,6 +101,7 @@ impl ServeArgs {
             prefill_chunk: self.prefill_chunk,
             max_queue: self.max_queue,
             session_ttl: Duration::from_secs(self.session_ttl),
+            speculative: self.spec.config(),
         }
     }
 

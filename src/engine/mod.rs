@@ -22,6 +22,7 @@ use crate::scheduler::{
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
+use crate::spec::{SeqSpec, SpecConfig};
 use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
 use actix::prelude::*;
 use anyhow::{bail, Result};
@@ -44,6 +45,8 @@ pub struct EngineConfig {
     /// Most requests waiting for their first step; beyond it, `Overloaded`.
     pub max_queue: usize,
     pub session_ttl: Duration,
+    /// Speculative decoding (off unless asked for).
+    pub speculative: SpecConfig,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +61,7 @@ impl Default for EngineConfig {
             prefill_chunk: 512,
             max_queue: 256,
             session_ttl: Duration::from_secs(3600),
+            speculative: SpecConfig::default(),
         }
     }
 }
@@ -135,6 +139,7 @@ impl Engine {
             max_queue: cfg.max_queue,
             context_window,
             stop_token_ids: bundle.stop_token_ids,
+            spec: cfg.speculative.clone(),
             worker: worker.clone(),
             pool: pool.clone(),
             registry: registry.clone(),
@@ -236,6 +241,7 @@ impl Engine {
             max_tokens,
             priority: req.priority,
             sampler,
+            spec: SeqSpec::new(req.speculative.unwrap_or(true), req.prediction),
             session: session.clone(),
             ephemeral,
             events: seq_tx,

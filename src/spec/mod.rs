@@ -65,6 +65,36 @@ impl SpecConfig {
     }
 }
 
+/// The speculative-decoding flags of `serve` and the benchmarks.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpecArgs {
+    /// Speculative decoding: `auto` drafts from a predicted output or a context n-gram match
+    /// when there is one; `off` decodes plainly.
+    #[arg(long, value_enum, default_value_t = SpecMode::Auto)]
+    pub speculative: SpecMode,
+    /// A fixed draft depth (default: adapt per sequence from measured acceptance).
+    #[arg(long)]
+    pub spec_depth: Option<usize>,
+    /// The deepest draft when adapting.
+    #[arg(long, default_value_t = 8)]
+    pub spec_max_depth: usize,
+    /// Above this many decoding sequences per step, decode plainly.
+    #[arg(long, default_value_t = 4)]
+    pub spec_max_batch: usize,
+}
+
+impl SpecArgs {
+    pub fn config(&self) -> SpecConfig {
+        SpecConfig {
+            mode: self.speculative,
+            depth: self.spec_depth,
+            max_depth: self.spec_max_depth.clamp(1, MAX_DEPTH),
+            max_batch_seqs: self.spec_max_batch,
+            ..SpecConfig::default()
+        }
+    }
+}
+
 /// Where a round's drafts came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
