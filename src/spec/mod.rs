@@ -7,6 +7,7 @@
 //! the grant) and after the forward (verdicts commit tokens and roll the session back past
 //! rejected drafts). Never touches: pages, sessions, the model — it sees token ids and logits.
 
+pub mod cost;
 pub mod depth;
 pub mod ngram;
 pub mod verify;
