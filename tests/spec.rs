@@ -363,7 +363,14 @@ async fn pages_balance_after_many_rounds_with_cancellations_mid_verification() {
                     ..SamplingParams::default()
                 };
             }
-            streams.push((i, t.engine.submit(req).await.unwrap()));
+            match t.engine.submit(req).await {
+                Ok(stream) => streams.push((i, stream)),
+                Err(e) => panic!(
+                    "round {round}, request {i}: {e:?}; {:?}; {:?}",
+                    t.engine.sessions().await,
+                    t.engine.scheduler_stats().await
+                ),
+            }
         }
         for (i, mut s) in streams {
             match (i + round) % 4 {
@@ -385,8 +392,9 @@ async fn pages_balance_after_many_rounds_with_cancellations_mid_verification() {
                 }
             }
         }
+        // A session's next turn starts once its previous one has ended.
+        wait_until_idle(&t.engine).await;
     }
-    wait_until_idle(&t.engine).await;
     let stats = t.engine.scheduler_stats().await.spec;
     assert!(stats.num_accepted(DraftSource::Ngram) > 100);
     t.engine.clear_caches().await;

@@ -25,10 +25,19 @@ impl Acceptance {
         }
     }
 
-    /// Estimated probability that the draft at position `d` is accepted given all earlier ones
-    /// were: Laplace's rule, so an untried position starts at 1/2.
-    pub fn rate(&self, d: usize) -> f64 {
-        (self.accepted[d] as f64 + 1.0) / (self.tried[d] as f64 + 2.0)
+    /// Estimated probability that the draft at each position `0..n` is accepted given all
+    /// earlier ones were: the counts with two pseudo-observations at the previous position's
+    /// rate (1/2 for the first), so a position never tried yet is expected to do as well as the
+    /// one before it — which lets the depth grow while drafts keep being accepted.
+    pub fn rates(&self, n: usize) -> Vec<f64> {
+        let mut rates = Vec::with_capacity(n);
+        let mut prior = 0.5;
+        for d in 0..n.min(MAX_DEPTH) {
+            let r = (self.accepted[d] as f64 + 2.0 * prior) / (self.tried[d] as f64 + 2.0);
+            rates.push(r);
+            prior = r;
+        }
+        rates
     }
 
     /// The depth in `0..=max_depth` that maximises expected tokens committed per step
@@ -38,8 +47,8 @@ impl Acceptance {
         let mut best = (0, 1.0);
         let mut expected = 1.0;
         let mut reach = 1.0;
-        for d in 0..max_depth.min(MAX_DEPTH) {
-            reach *= self.rate(d);
+        for (d, rate) in self.rates(max_depth).into_iter().enumerate() {
+            reach *= rate;
             expected += reach;
             let per_cost = expected / (1.0 + row_cost * (d + 1) as f64);
             if per_cost > best.1 {
@@ -79,6 +88,7 @@ mod tests {
         for i in 0..40 {
             a.record(4, if i % 3 == 0 { 0 } else { 4 });
         }
-        assert!(a.best_depth(8, 0.02) > a.best_depth(8, 0.6));
+        let (cheap, costly) = (a.best_depth(8, 0.02), a.best_depth(8, 0.9));
+        assert!(cheap > costly, "{cheap} vs {costly}: {:?}", a.rates(8));
     }
 }

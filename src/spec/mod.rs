@@ -53,7 +53,7 @@ impl Default for SpecConfig {
             depth: None,
             max_depth: 8,
             min_ngram: 2,
-            max_ngram: 4,
+            max_ngram: 16,
             max_batch_seqs: 4,
             row_cost: 0.1,
         }
@@ -193,23 +193,25 @@ impl SeqSpec {
         if !self.enabled || !cfg.is_on() || limit == 0 {
             return Vec::new();
         }
-        let generated = &tokens[num_prompt..];
-        let mut candidates: Vec<(DraftSource, Vec<u32>)> = Vec::with_capacity(2);
-        let depth = |s: DraftSource, this: &mut Self| this.depth(cfg, s).min(limit);
-        if let Some(prediction) = self.prediction.clone() {
-            let k = depth(DraftSource::Prediction, self);
-            let d = ngram::lookup_prediction(&prediction, generated, k, cfg.max_ngram);
-            candidates.push((DraftSource::Prediction, d));
+        let num_generated = tokens.len() - num_prompt;
+        let mut best: Option<(DraftSource, ngram::Match)> = None;
+        if self.prediction.is_some() {
+            let k = self.depth(cfg, DraftSource::Prediction).min(limit);
+            let prediction = self.prediction.as_deref().unwrap_or_default();
+            let m = ngram::lookup_prediction(prediction, tokens, num_generated, k, cfg.max_ngram);
+            best = m.map(|m| (DraftSource::Prediction, m));
         }
-        let k = depth(DraftSource::Ngram, self);
-        if candidates.iter().all(|c| c.1.is_empty()) {
-            let d = ngram::lookup(tokens, k, cfg.min_ngram, cfg.max_ngram);
-            candidates.push((DraftSource::Ngram, d));
+        let k = self.depth(cfg, DraftSource::Ngram).min(limit);
+        if let Some(m) = ngram::lookup(tokens, k, cfg.min_ngram, cfg.max_ngram) {
+            // The context wins only on a strictly longer match.
+            if best.as_ref().is_none_or(|(_, b)| m.len > b.len) {
+                best = Some((DraftSource::Ngram, m));
+            }
         }
-        let (source, draft) = candidates
-            .into_iter()
-            .find(|c| !c.1.is_empty())
-            .unwrap_or((DraftSource::Ngram, Vec::new()));
+        let (source, draft) = match best {
+            Some((s, m)) if !m.draft.is_empty() => (s, m.draft),
+            _ => (DraftSource::Ngram, Vec::new()),
+        };
         if !draft.is_empty() {
             self.source = Some(source);
         }
@@ -261,6 +263,10 @@ mod tests {
         let d = s.propose(&on(), &[1, 2, 1, 2, 7], 4, 8);
         assert_eq!(s.source, Some(DraftSource::Prediction));
         assert_eq!(d, vec![8, 9]);
+        // A longer match in the context beats a short one in the prediction.
+        let d = s.propose(&on(), &[5, 6, 7, 1, 9, 5, 6, 7], 5, 8);
+        assert_eq!(s.source, Some(DraftSource::Ngram));
+        assert_eq!(d[0], 1);
         let tokens = [1, 2, 1, 2];
         let mut plain = SeqSpec::new(true, None);
         assert_eq!(plain.propose(&on(), &tokens, 3, 8)[0], 1);
