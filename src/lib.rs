@@ -3,7 +3,8 @@
 //! Data flows from the edge inwards, and the folders follow it:
 //! `tokenizer` (text ⇄ ids, chat templates) → `kv` (page pool, page tables, paged attention) →
 //! `runner` (ragged batches) → `model` (GGUF weights, the transformer) → `sampling` (logits →
-//! next token). `pull` fetches real models; `cli` wires the commands together.
+//! next token) → `spec` (drafts verified in the same forward, exact acceptance, rollback). `pull`
+//! fetches real models; `cli` wires the commands together.
 
 pub mod api;
 pub mod cli;
@@ -19,4 +20,5 @@ pub mod runner;
 pub mod sampling;
 pub mod scheduler;
 pub mod session;
+pub mod spec;
 pub mod tokenizer;

@@ -19,6 +19,7 @@ use mtpx::kv::KvDtype;
 use mtpx::model::test_model::TestModelSpec;
 use mtpx::sampling::SamplingParams;
 use mtpx::session::SessionKey;
+use mtpx::spec::{SpecConfig, SpecCounters, SpecMode};
 use serde_json::{json, Value};
 
 /// A file of about `num_tokens` tokens of HTML/CSS/JS-like text (measured with the model's
@@ -52,6 +53,21 @@ fn request(messages: &[Value], session: &SessionKey, max_tokens: usize) -> Gener
 
 #[actix_rt::test]
 async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
+    agent_session(SpecConfig::default()).await;
+}
+
+#[actix_rt::test]
+async fn an_agent_session_with_speculation_grows_to_a_66k_window() {
+    let stats = agent_session(SpecConfig {
+        mode: SpecMode::Auto,
+        ..SpecConfig::default()
+    })
+    .await;
+    println!("{stats:?}");
+}
+
+/// Drives the session; returns the engine's draft counters.
+async fn agent_session(speculative: SpecConfig) -> SpecCounters {
     // A narrow model keeps 66K-token attention affordable on two cores.
     let spec = TestModelSpec {
         layers: 1,
@@ -66,6 +82,7 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
         context_window: Some(WINDOW),
         kv_memory: KvMemory::Bytes(256 << 20),
         kv_dtype: KvDtype::F16,
+        speculative,
         ..EngineConfig::default()
     };
     let t = start_engine(&spec, cfg);
@@ -166,4 +183,5 @@ async fn an_agent_session_grows_past_16k_and_19k_to_a_66k_window() {
 
     engine.clear_caches().await;
     assert_eq!(engine.pool_stats().await.num_used, 0, "no page leaks");
+    engine.scheduler_stats().await.spec
 }

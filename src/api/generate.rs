@@ -4,7 +4,9 @@
 
 use super::errors::ApiError;
 use super::metrics::{Metrics, TokenClock};
-use super::types::{GenerationParams, PromptTokensDetails, Timings, Usage};
+use super::types::{
+    CompletionTokensDetails, GenerationParams, MessageContent, PromptTokensDetails, Timings, Usage,
+};
 use crate::engine::{Engine, EngineEvent, EventStream, GenerateRequest, Prompt};
 use crate::error::EngineError;
 use crate::sampling::SamplingParams;
@@ -28,6 +30,9 @@ pub struct Plan {
     pub stop: Vec<String>,
     pub session: Option<SessionKey>,
     pub num_choices: usize,
+    /// The predicted output's text (a source of drafts).
+    pub prediction: Option<String>,
+    pub speculative: Option<bool>,
 }
 
 /// Validates the shared fields. `logprobs`/`top_logprobs` come from the endpoint's own fields.
@@ -72,7 +77,30 @@ pub fn plan(
         stop,
         session,
         num_choices,
+        prediction: prediction_text(p)?,
+        speculative: p.speculative,
     })
+}
+
+/// The text of a `prediction` field; only `"type": "content"` exists.
+fn prediction_text(p: &GenerationParams) -> Result<Option<String>, ApiError> {
+    let Some(prediction) = &p.prediction else {
+        return Ok(None);
+    };
+    if prediction.kind != "content" {
+        return Err(ApiError::invalid(
+            Some("prediction.type"),
+            format!(
+                "`prediction.type` must be \"content\", got \"{}\"",
+                prediction.kind
+            ),
+        ));
+    }
+    let text = match &prediction.content {
+        MessageContent::Text(t) => t.clone(),
+        MessageContent::Parts(parts) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
+    };
+    Ok((!text.is_empty()).then_some(text))
 }
 
 fn zero_tokens(field: &str) -> ApiError {
@@ -140,6 +168,15 @@ pub fn session_key(req: &HttpRequest, scope: &str) -> Result<Option<SessionKey>,
 /// Choice `i` gets seed `seed + i`; only choice 0 continues the session.
 pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>, ApiError> {
     let mut streams = Vec::with_capacity(plan.num_choices);
+    let prediction = match &plan.prediction {
+        Some(text) => Some(
+            engine
+                .tokenize(&Prompt::Text(text.clone()))
+                .await
+                .map_err(ApiError::from)?,
+        ),
+        None => None,
+    };
     for i in 0..plan.num_choices {
         let mut req = GenerateRequest::new(plan.prompt.clone());
         req.max_tokens = plan.max_tokens;
@@ -147,6 +184,8 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.sampling.seed = plan.sampling.seed.map(|s| s.wrapping_add(i as u64));
         req.stop = plan.stop.clone();
         req.session = if i == 0 { plan.session.clone() } else { None };
+        req.prediction = prediction.clone();
+        req.speculative = plan.speculative;
         streams.push(engine.submit(req).await.map_err(ApiError::from)?);
     }
     Ok(streams)
@@ -217,6 +256,13 @@ pub fn usage(per_choice: &[EngineUsage]) -> Usage {
         prompt_tokens_details: PromptTokensDetails {
             cached_tokens: first.cached_tokens,
         },
+        completion_tokens_details: CompletionTokensDetails {
+            accepted_prediction_tokens: per_choice.iter().map(|u| u.accepted_draft_tokens).sum(),
+            rejected_prediction_tokens: per_choice
+                .iter()
+                .map(|u| u.draft_tokens - u.accepted_draft_tokens)
+                .sum(),
+        },
     }
 }
 
@@ -232,6 +278,8 @@ pub fn timings(u: &EngineUsage) -> Timings {
         predicted_n: u.completion_tokens,
         predicted_ms: u.decode_ms,
         predicted_per_second: per_second(u.completion_tokens.saturating_sub(1), u.decode_ms),
+        draft_n: u.draft_tokens,
+        draft_n_accepted: u.accepted_draft_tokens,
     }
 }
 

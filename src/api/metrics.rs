@@ -232,6 +232,7 @@ pub async fn render(state: &AppState) -> String {
         "counter",
         s.tokens_generated,
     );
+    spec_counters(&mut out, &s.spec);
     let p = engine.pool_stats().await;
     gauge(
         &mut out,
@@ -332,6 +333,60 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Speculative-decoding counters by drafter and depth position (1-based).
+fn spec_counters(out: &mut String, c: &crate::spec::SpecCounters) {
+    use crate::spec::DraftSource;
+    let families = [
+        (
+            "mtpx_spec_drafted_tokens_total",
+            "Draft tokens verified.",
+            &c.drafted,
+        ),
+        (
+            "mtpx_spec_accepted_tokens_total",
+            "Draft tokens accepted.",
+            &c.accepted,
+        ),
+    ];
+    for (name, help, counts) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for source in DraftSource::ALL {
+            for (d, n) in counts[source as usize].iter().enumerate() {
+                if *n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{drafter=\"{}\",depth=\"{}\"}} {n}",
+                        source.name(),
+                        d + 1
+                    );
+                }
+            }
+        }
+    }
+    let name = "mtpx_spec_rejected_tokens_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Draft tokens rejected.\n# TYPE {name} counter"
+    );
+    for source in DraftSource::ALL {
+        let rejected = c.num_drafted(source) - c.num_accepted(source);
+        let _ = writeln!(out, "{name}{{drafter=\"{}\"}} {rejected}", source.name());
+    }
+    let name = "mtpx_spec_rounds_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Verification rounds (steps with drafts).\n# TYPE {name} counter"
+    );
+    for source in DraftSource::ALL {
+        let _ = writeln!(
+            out,
+            "{name}{{drafter=\"{}\"}} {}",
+            source.name(),
+            c.rounds[source as usize]
+        );
+    }
 }
 
 #[cfg(test)]

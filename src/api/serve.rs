@@ -68,6 +68,8 @@ pub struct ServeArgs {
     /// Seconds between WebSocket pings; a peer silent for two intervals is dropped.
     #[arg(long, default_value_t = 15)]
     pub ws_ping: u64,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 /// `16MiB`, `1MB`, `64KiB`, `65536`.
@@ -105,6 +107,7 @@ impl ServeArgs {
             prefill_chunk: self.prefill_chunk,
             max_queue: self.max_queue,
             session_ttl: Duration::from_secs(self.session_ttl),
+            speculative: self.spec.config(),
         }
     }
 

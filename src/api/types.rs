@@ -34,6 +34,19 @@ pub struct GenerationParams {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// OpenAI Predicted Outputs: text the reply is expected to largely repeat (a file being
+    /// edited); used as a source of speculative drafts. Never changes the output.
+    pub prediction: Option<Prediction>,
+    /// `false` turns speculative decoding off for this request (mtpx extension).
+    pub speculative: Option<bool>,
+}
+
+/// `{"type": "content", "content": "..." | [{"type": "text", "text": "..."}]}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: MessageContent,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -199,6 +212,15 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct CompletionTokensDetails {
+    /// Speculative draft tokens (from the prediction or any other drafter) that were accepted.
+    pub accepted_prediction_tokens: usize,
+    /// Draft tokens that were verified and rejected.
+    pub rejected_prediction_tokens: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -219,6 +241,9 @@ pub struct Timings {
     pub predicted_n: usize,
     pub predicted_ms: f64,
     pub predicted_per_second: f64,
+    /// Speculative draft tokens verified, and how many were accepted.
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

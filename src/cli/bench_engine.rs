@@ -30,6 +30,8 @@ pub struct BenchEngineArgs {
     pub history: usize,
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 fn greedy(tokens: Vec<u32>, max_tokens: usize, session: Option<&str>) -> GenerateRequest {
@@ -89,6 +91,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
         kv_dtype: args.model.kv_dtype,
         page_size: args.model.page_size,
         max_seqs: args.concurrency.iter().copied().max().unwrap_or(1).max(64),
+        speculative: args.spec.config(),
         ..EngineConfig::default()
     };
     let system = actix_rt::System::new();

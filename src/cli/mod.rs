@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_engine;
+mod bench_spec;
 mod chat;
 mod run;
 
@@ -57,6 +58,8 @@ enum Command {
     /// Measure the serving engine: aggregate throughput under concurrency, continuation TTFT,
     /// scheduler overhead.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// Speculative decoding against plain decoding: an edit task and a free-form task.
+    BenchSpec(bench_spec::BenchSpecArgs),
 }
 
 /// Where the model comes from and how its KV cache is laid out.
@@ -142,6 +145,7 @@ impl Cli {
             Command::Chat(args) => chat::chat(args),
             Command::Bench(args) => bench::bench(args),
             Command::BenchEngine(args) => bench_engine::bench_engine(args),
+            Command::BenchSpec(args) => bench_spec::bench_spec(args),
         }
     }
 }

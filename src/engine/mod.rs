@@ -22,6 +22,7 @@ use crate::scheduler::{
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
+use crate::spec::{SeqSpec, SpecConfig};
 use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
 use actix::prelude::*;
 use anyhow::{bail, Result};
@@ -44,6 +45,8 @@ pub struct EngineConfig {
     /// Most requests waiting for their first step; beyond it, `Overloaded`.
     pub max_queue: usize,
     pub session_ttl: Duration,
+    /// Speculative decoding (off unless asked for).
+    pub speculative: SpecConfig,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +61,7 @@ impl Default for EngineConfig {
             prefill_chunk: 512,
             max_queue: 256,
             session_ttl: Duration::from_secs(3600),
+            speculative: SpecConfig::default(),
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct EngineInfo {
     pub kv_dtype: KvDtype,
     pub kv_budget_bytes: u64,
     pub vocab_size: usize,
+    /// With speculation on: the cost of an extra verify row relative to a decode step.
+    pub spec_row_cost: Option<f64>,
 }
 
 pub struct Engine {
@@ -109,6 +115,18 @@ impl Engine {
         .flatten()
         .min()
         .unwrap();
+        let mut speculative = cfg.speculative.clone();
+        if speculative.is_on() && speculative.depth.is_none() {
+            speculative.row_cost = crate::spec::cost::measure_row_cost(
+                &bundle.transformer,
+                cfg.page_size,
+                cfg.kv_dtype,
+            )?;
+            tracing::info!(
+                row_cost = speculative.row_cost,
+                "measured the verify cost per extra row"
+            );
+        }
         let info = EngineInfo {
             model_path: bundle.path.display().to_string(),
             context_window,
@@ -118,6 +136,7 @@ impl Engine {
             kv_dtype: cfg.kv_dtype,
             kv_budget_bytes: num_pages as u64 * page_bytes,
             vocab_size: bundle.transformer.config.vocab_size,
+            spec_row_cost: speculative.is_on().then_some(speculative.row_cost),
         };
         let model = Arc::new(bundle.transformer);
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
@@ -135,6 +154,7 @@ impl Engine {
             max_queue: cfg.max_queue,
             context_window,
             stop_token_ids: bundle.stop_token_ids,
+            spec: speculative,
             worker: worker.clone(),
             pool: pool.clone(),
             registry: registry.clone(),
@@ -251,6 +271,7 @@ impl Engine {
             max_tokens,
             priority: req.priority,
             sampler,
+            spec: SeqSpec::new(req.speculative.unwrap_or(true), req.prediction),
             session: session.clone(),
             ephemeral,
             events: seq_tx,

@@ -39,6 +39,10 @@ pub struct GenerateRequest {
     pub session: Option<SessionKey>,
     /// Higher is scheduled first and preempted last.
     pub priority: i32,
+    /// `Some(false)` turns speculative decoding off for this request; `None` follows the server.
+    pub speculative: Option<bool>,
+    /// A predicted output (OpenAI Predicted Outputs), tokenized: a source of drafts.
+    pub prediction: Option<Vec<u32>>,
 }
 
 impl GenerateRequest {
@@ -50,6 +54,8 @@ impl GenerateRequest {
             stop: Vec::new(),
             session: None,
             priority: 0,
+            speculative: None,
+            prediction: None,
         }
     }
 }

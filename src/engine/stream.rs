@@ -55,6 +55,7 @@ impl StreamTask {
                             cached_tokens: self.cached_tokens,
                             prompt_ms: first.duration_since(started).as_secs_f64() * 1e3,
                             decode_ms: first.elapsed().as_secs_f64() * 1e3,
+                            ..Usage::default()
                         };
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,

@@ -149,6 +149,32 @@ impl Sampler {
         Ok(())
     }
 
+    /// The output [`Sampler::sample`] would report had it chosen `token` (its log-probabilities
+    /// when asked for); the speculative verifier uses it for tokens it chose itself.
+    pub fn output_for(
+        &mut self,
+        logits: &[f32],
+        history: &TokenHistory,
+        token: u32,
+    ) -> Result<SampleOutput, SamplingError> {
+        if !self.params.logprobs {
+            return Ok(SampleOutput {
+                token,
+                logprob: None,
+                top_logprobs: Vec::new(),
+            });
+        }
+        let Self {
+            params,
+            adjusted,
+            top,
+            penalty_scratch,
+            ..
+        } = self;
+        let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
+        Ok(logprobs(params, logits, token, top))
+    }
+
     /// Draws from `dist` with this sampler's RNG (a greedy one draws nothing).
     pub fn sample_distribution(&mut self, dist: &Distribution) -> u32 {
         dist.sample(&mut self.rng)

@@ -13,9 +13,10 @@ use crate::kv::pool_actor::{GetPoolStats, PagePoolActor};
 use crate::kv::PageId;
 use crate::runner::batch::{ForwardOutput, OutputRows};
 use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep};
-use crate::sampling::{Sampler, TokenHistory};
+use crate::sampling::{SampleOutput, Sampler, TokenHistory};
 use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
-use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor};
+use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor, Truncate};
+use crate::spec::{self, SeqSpec, SpecConfig, SpecCounters};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -29,6 +30,8 @@ pub struct Submission {
     pub max_tokens: usize,
     pub priority: i32,
     pub sampler: Sampler,
+    /// Whether and from what this sequence drafts.
+    pub spec: SeqSpec,
     pub session: Addr<SessionActor>,
     /// A throwaway session (no session id): its pages are released when the turn ends.
     pub ephemeral: bool,
@@ -49,6 +52,7 @@ pub struct SchedulerActor {
     max_queue: usize,
     context_window: usize,
     stop_token_ids: Vec<u32>,
+    spec: SpecConfig,
     worker: Addr<ModelWorker>,
     pool: Addr<PagePoolActor>,
     registry: Addr<SessionRegistry>,
@@ -72,6 +76,8 @@ pub struct SchedulerStats {
     pub overhead_us_total: u64,
     pub overhead_us_max: u64,
     pub forward_steps: u64,
+    /// Drafted and accepted tokens by drafter and depth position.
+    pub spec: SpecCounters,
 }
 
 pub struct SchedulerParts {
@@ -79,6 +85,7 @@ pub struct SchedulerParts {
     pub max_queue: usize,
     pub context_window: usize,
     pub stop_token_ids: Vec<u32>,
+    pub spec: SpecConfig,
     pub worker: Addr<ModelWorker>,
     pub pool: Addr<PagePoolActor>,
     pub registry: Addr<SessionRegistry>,
@@ -91,6 +98,7 @@ impl SchedulerActor {
             max_queue: p.max_queue,
             context_window: p.context_window,
             stop_token_ids: p.stop_token_ids,
+            spec: p.spec,
             worker: p.worker,
             pool: p.pool,
             registry: p.registry,
@@ -123,6 +131,8 @@ impl SchedulerActor {
                         cached_tokens: a.sub.cached_tokens,
                         prompt_ms: first.duration_since(a.admitted_at).as_secs_f64() * 1e3,
                         decode_ms: now.duration_since(first).as_secs_f64() * 1e3,
+                        draft_tokens: a.sub.spec.num_drafted,
+                        accepted_draft_tokens: a.sub.spec.num_accepted,
                     },
                 }
             }
@@ -147,6 +157,31 @@ impl SchedulerActor {
         }
     }
 
+    /// Asks each decoding sequence's drafter for drafts, unless the batch is large enough that
+    /// decode is no longer memory-bound (then plain batched decoding is cheaper).
+    fn propose_drafts(&mut self) {
+        let num_decoding = self
+            .active
+            .values()
+            .filter(|a| a.running && a.seq.num_pending() == 1)
+            .count();
+        let allowed = self.spec.is_on() && num_decoding <= self.spec.max_batch_seqs;
+        for a in self.active.values_mut() {
+            a.seq.drafts.clear();
+            if !allowed || !a.running || a.seq.num_pending() != 1 {
+                continue;
+            }
+            // Every committed token counts against max_tokens: the drafts plus the bonus token.
+            let remaining = a.sub.max_tokens.saturating_sub(a.seq.num_generated());
+            let room = self.context_window.saturating_sub(a.seq.tokens.len());
+            let limit = remaining.saturating_sub(1).min(room);
+            a.seq.drafts = a
+                .sub
+                .spec
+                .propose(&self.spec, &a.seq.tokens, a.seq.num_prompt, limit);
+        }
+    }
+
     fn plan(&self, available_pages: usize) -> StepPlan {
         let mut running = Vec::new();
         let mut waiting = Vec::new();
@@ -166,6 +201,7 @@ impl SchedulerActor {
                 a.sub.session.do_send(ReleaseAll);
                 a.seq.num_computed = 0;
                 a.seq.num_pages = 0;
+                a.seq.drafts.clear();
                 a.page_ids.clear();
                 a.running = false;
                 self.stats.num_preemptions += 1;
@@ -284,7 +320,9 @@ impl SchedulerActor {
             if a.seq.num_computed <= a.seq.num_prompt {
                 self.stats.prompt_tokens_computed += tokens.len() as u64;
             }
-            if g.wants_logits {
+            if g.num_drafts > 0 {
+                self.verify_and_commit(id, &out, batch_index, tokens.len());
+            } else if g.wants_logits {
                 let row = out
                     .rows_of(batch_index)
                     .last()
@@ -294,6 +332,71 @@ impl SchedulerActor {
         }
     }
 
+    /// Verifies a grant's drafts, rolls the session back past the rejected ones, and commits
+    /// the accepted drafts and the bonus or correction token.
+    fn verify_and_commit(
+        &mut self,
+        id: SeqId,
+        out: &ForwardOutput,
+        batch_index: usize,
+        num_rows: usize,
+    ) {
+        let page_size = self.cfg.page_size;
+        let a = self.active.get_mut(&id).unwrap();
+        let rows: Vec<&[f32]> = out
+            .rows_of(batch_index)
+            .map(|r| out.logits_row(r))
+            .collect();
+        let drafts = std::mem::take(&mut a.seq.drafts);
+        let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
+        let history = TokenHistory::new(prompt, generated);
+        let verdict = match spec::verify(&mut a.sub.sampler, &history, &drafts, None, &rows) {
+            Ok(v) => v,
+            Err(e) => {
+                self.finish(id, Err(EngineError::InvalidRequest(e.to_string())));
+                return;
+            }
+        };
+        if let Some(source) = a.sub.spec.source {
+            self.stats
+                .spec
+                .record(source, drafts.len(), verdict.num_accepted);
+        }
+        a.sub.spec.record(drafts.len(), verdict.num_accepted);
+        let num_commit = self.num_to_commit(id, &verdict.emitted);
+        let a = self.active.get_mut(&id).unwrap();
+        // Valid K/V: the pending token and the drafts committed before the last token, which
+        // becomes the new pending one.
+        let keep = a.seq.num_computed - num_rows + num_commit;
+        if keep < a.seq.num_computed {
+            a.sub.session.do_send(Truncate { len: keep });
+            a.seq.num_computed = keep;
+            a.seq.num_pages = keep.div_ceil(page_size);
+            a.page_ids.truncate(a.seq.num_pages);
+        }
+        for sampled in verdict.emitted.into_iter().take(num_commit) {
+            if self.emit(id, sampled) {
+                break;
+            }
+        }
+    }
+
+    /// How many of `emitted` to commit: up to and including the first that ends the sequence.
+    fn num_to_commit(&self, id: SeqId, emitted: &[SampleOutput]) -> usize {
+        let a = &self.active[&id];
+        for (i, sampled) in emitted.iter().enumerate() {
+            let num_generated = a.seq.num_generated() + i + 1;
+            let len = a.seq.tokens.len() + i + 1;
+            if self.stop_token_ids.contains(&sampled.token)
+                || num_generated >= a.sub.max_tokens
+                || len >= self.context_window
+            {
+                return i + 1;
+            }
+        }
+        emitted.len()
+    }
+
     fn sample_and_emit(&mut self, id: SeqId, out: &ForwardOutput, row: usize) {
         let a = self.active.get_mut(&id).unwrap();
         let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
@@ -301,13 +404,18 @@ impl SchedulerActor {
             .sub
             .sampler
             .sample(out.logits_row(row), &TokenHistory::new(prompt, generated));
-        let s = match sampled {
-            Ok(s) => s,
-            Err(e) => {
-                self.finish(id, Err(EngineError::InvalidRequest(e.to_string())));
-                return;
+        match sampled {
+            Ok(s) => {
+                self.emit(id, s);
             }
-        };
+            Err(e) => self.finish(id, Err(EngineError::InvalidRequest(e.to_string()))),
+        }
+    }
+
+    /// Commits one token: appends it, streams it, and finishes the sequence when it ends there
+    /// (then returns `true`).
+    fn emit(&mut self, id: SeqId, s: SampleOutput) -> bool {
+        let a = self.active.get_mut(&id).unwrap();
         a.seq.tokens.push(s.token);
         a.first_token_at.get_or_insert_with(Instant::now);
         self.stats.tokens_generated += 1;
@@ -327,7 +435,9 @@ impl SchedulerActor {
         };
         if let Some(reason) = reason {
             self.finish(id, Ok(reason));
+            return true;
         }
+        false
     }
 }
 
@@ -366,6 +476,7 @@ impl Handler<Step> for SchedulerActor {
             .into_actor(self)
             .then(|stats, act, _| {
                 let available = stats.map(|s| s.num_available()).unwrap_or(0);
+                act.propose_drafts();
                 let plan = act.plan(available);
                 act.execute(plan)
             })

@@ -24,6 +24,9 @@ pub struct Usage {
     pub prompt_ms: f64,
     /// From the first generated token to the last.
     pub decode_ms: f64,
+    /// Draft tokens verified (speculative decoding), and how many of them were accepted.
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

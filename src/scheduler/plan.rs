@@ -89,11 +89,18 @@ pub fn plan_step(
         if plan.grants.len() == cfg.max_seqs {
             break;
         }
-        let num_tokens = seq.num_pending() + seq.drafts.len();
+        let mut num_drafts = seq.drafts.len();
+        let mut num_tokens = seq.num_pending() + num_drafts;
+        let mut need = seq.pages_needed(num_tokens, cfg.page_size);
+        if num_drafts > 0 && (num_tokens > budget || need > free) {
+            // Drafts are optional: they never preempt anyone or crowd out a decode.
+            num_drafts = 0;
+            num_tokens = seq.num_pending();
+            need = seq.pages_needed(num_tokens, cfg.page_size);
+        }
         if num_tokens > budget || num_tokens == 0 {
             continue;
         }
-        let need = seq.pages_needed(num_tokens, cfg.page_size);
         while need > free {
             // Preempt the lowest-ranked running sequence that has no grant and holds pages.
             let victim = by_rank[i + 1..]
@@ -119,7 +126,7 @@ pub fn plan_step(
         plan.grants.push(Grant {
             seq_id: seq.id,
             num_tokens,
-            num_drafts: seq.drafts.len(),
+            num_drafts,
             num_new_pages: need,
             wants_logits: true,
         });
@@ -286,6 +293,19 @@ mod tests {
             plan.grants[0].num_new_pages, 1,
             "positions 9..13 cross into page 3"
         );
+    }
+
+    #[test]
+    fn drafts_that_do_not_fit_are_dropped_instead_of_preempting() {
+        // Sequence 1 has 8 computed (2 full pages); its pending token + 3 drafts need a page.
+        let mut a = decoding(1, 9);
+        a.num_pages = 3;
+        a.drafts = vec![7, 8, 9, 10, 11, 12];
+        let b = decoding(2, 6);
+        let plan = plan_step(&[&a, &b], &[], 0, &cfg());
+        assert!(plan.preempted.is_empty());
+        assert_eq!(plan.grants[0].num_drafts, 0);
+        assert_eq!(plan.grants[0].num_tokens, 1);
     }
 
     #[test]

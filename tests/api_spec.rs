@@ -1,0 +1,106 @@
+//! Speculative decoding through the HTTP API: Predicted Outputs, `speculative: false`, the
+//! usage and timings fields, and the /metrics counters.
+
+#[path = "fixtures/api/client.rs"]
+mod client;
+
+use client::*;
+use mtpx::api::testing::{test_config, TestServer, TEST_MODEL_ID};
+use mtpx::config::KvMemory;
+use mtpx::engine::EngineConfig;
+use mtpx::kv::KvDtype;
+use mtpx::model::test_model::TestModelSpec;
+use mtpx::spec::{SpecConfig, SpecMode};
+use serde_json::{json, Value};
+
+fn server() -> TestServer {
+    let cfg = EngineConfig {
+        kv_memory: KvMemory::Bytes(64 << 20),
+        kv_dtype: KvDtype::F32,
+        context_window: Some(4096),
+        speculative: SpecConfig {
+            mode: SpecMode::Auto,
+            ..SpecConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    TestServer::start(&TestModelSpec::default(), cfg, test_config()).unwrap()
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": TEST_MODEL_ID,
+        "messages": [{"role": "user", "content": "Rewrite the file with parse renamed."}],
+        "temperature": 0,
+        "max_tokens": 48,
+        "logit_bias": ban_specials(),
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[actix_rt::test]
+async fn a_predicted_output_is_accepted_and_reported_without_changing_the_reply() {
+    let s = server();
+    let url = s.at("/v1/chat/completions");
+    let plain = post(&url, &chat(json!({"speculative": false})))
+        .await
+        .json();
+    let text = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(plain["timings"]["draft_n"], 0);
+    let predicted = post(
+        &url,
+        &chat(json!({"prediction": {"type": "content", "content": text}})),
+    )
+    .await
+    .json();
+    assert_eq!(predicted["choices"][0]["message"]["content"], text.as_str());
+    let details = &predicted["usage"]["completion_tokens_details"];
+    let accepted = details["accepted_prediction_tokens"].as_u64().unwrap();
+    // The random model's text does not always re-tokenize to the same ids, so not all are accepted.
+    assert!(accepted > 5, "{predicted}");
+    assert_eq!(predicted["timings"]["draft_n_accepted"], accepted);
+    let draft_n = predicted["timings"]["draft_n"].as_u64().unwrap();
+    assert_eq!(
+        details["rejected_prediction_tokens"].as_u64().unwrap(),
+        draft_n - accepted
+    );
+    // Streaming gives the same text.
+    let streamed = post(
+        &url,
+        &chat(json!({"stream": true, "prediction": {"type": "content", "content": [{"type": "text", "text": text}]}})),
+    )
+    .await
+    .events();
+    let mut content = String::new();
+    for e in &streamed[..streamed.len() - 1] {
+        if let Some(t) = e["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(t);
+        }
+    }
+    assert_eq!(content, text);
+
+    let metrics = get(&s.at("/metrics")).await.text();
+    assert!(
+        metrics.contains("mtpx_spec_accepted_tokens_total{drafter=\"prediction\",depth=\"1\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("mtpx_spec_rejected_tokens_total{drafter=\"ngram\"}"));
+}
+
+#[actix_rt::test]
+async fn a_prediction_of_another_type_is_refused() {
+    let s = server();
+    let reply = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"prediction": {"type": "image", "content": "x"}})),
+    )
+    .await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.error()["param"], "prediction.type");
+}

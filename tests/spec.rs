@@ -1,0 +1,414 @@
+//! Speculative decoding end to end on the generated test model: greedy output with each
+//! drafter equals plain greedy output token for token (across page boundaries and rollbacks
+//! that empty a page), sampled output keeps the plain sampling distribution (chi-square), seeds
+//! stay reproducible, and pages balance after many accept/reject rounds with cancellations.
+
+mod common;
+
+use common::*;
+use mtpx::config::KvMemory;
+use mtpx::engine::{Engine, EngineConfig, GenerateRequest, Prompt};
+use mtpx::kv::KvDtype;
+use mtpx::model::test_model::TestModelSpec;
+use mtpx::sampling::SamplingParams;
+use mtpx::scheduler::FinishReason;
+use mtpx::session::SessionKey;
+use mtpx::spec::{DraftSource, SpecConfig, SpecMode};
+
+/// Page size 4 makes page crossings and rollbacks that empty a page frequent.
+fn cfg(spec: SpecConfig) -> EngineConfig {
+    EngineConfig {
+        page_size: 4,
+        kv_memory: KvMemory::Bytes(64 << 20),
+        kv_dtype: KvDtype::F32,
+        speculative: spec,
+        ..EngineConfig::default()
+    }
+}
+
+fn ngram(depth: Option<usize>) -> SpecConfig {
+    SpecConfig {
+        mode: SpecMode::Ngram,
+        depth,
+        min_ngram: 1,
+        ..SpecConfig::default()
+    }
+}
+
+/// Twenty prompts: repetitive ones (long n-gram matches), random ones, and mixtures.
+fn prompts() -> Vec<Vec<u32>> {
+    (0..20u64)
+        .map(|i| {
+            let n = 9 + 7 * i as usize;
+            match i % 3 {
+                0 => token_ids(i, n),
+                1 => token_ids(i, 5).repeat(1 + n / 5),
+                _ => {
+                    let mut p = token_ids(i, n);
+                    p.extend(token_ids(i, n / 2));
+                    p
+                }
+            }
+        })
+        .collect()
+}
+
+fn plain(mut req: GenerateRequest) -> GenerateRequest {
+    req.speculative = Some(false);
+    req
+}
+
+async fn assert_greedy_equal(engine: &Engine, reqs: Vec<GenerateRequest>) -> (usize, usize) {
+    let mut drafted = 0;
+    let mut accepted = 0;
+    for (i, req) in reqs.into_iter().enumerate() {
+        let want = run(engine, plain(req.clone())).await;
+        let got = run(engine, req).await;
+        assert!(got.error.is_none(), "{:?}", got.error);
+        assert_eq!(got.token_ids, want.token_ids, "prompt {i}");
+        assert_eq!(got.finish, want.finish, "prompt {i}");
+        assert_eq!(
+            want.usage.draft_tokens, 0,
+            "speculative: false drafts nothing"
+        );
+        drafted += got.usage.draft_tokens;
+        accepted += got.usage.accepted_draft_tokens;
+    }
+    (drafted, accepted)
+}
+
+#[actix_rt::test]
+async fn greedy_with_ngram_drafts_equals_plain_greedy_on_twenty_prompts() {
+    for depth in [Some(1), Some(4), None] {
+        let t = start_engine(&TestModelSpec::default(), cfg(ngram(depth)));
+        let reqs = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut req = greedy_tokens(p, 30 + 3 * i);
+                if i % 4 == 3 {
+                    req.sampling.presence_penalty = 0.5; // the history includes accepted drafts
+                }
+                req
+            })
+            .collect();
+        let (drafted, accepted) = assert_greedy_equal(&t.engine, reqs).await;
+        let stats = t.engine.scheduler_stats().await.spec;
+        println!("depth {depth:?}: drafted {drafted}, accepted {accepted}, {stats:?}");
+        assert!(accepted > 0, "some drafts are accepted");
+        assert!(accepted < drafted, "some drafts are rejected");
+        assert_eq!(stats.num_drafted(DraftSource::Ngram) as usize, drafted);
+        t.engine.clear_caches().await;
+        assert_eq!(t.engine.pool_stats().await.num_used, 0);
+    }
+}
+
+#[actix_rt::test]
+async fn greedy_with_a_predicted_output_equals_plain_greedy() {
+    let t = start_engine(&TestModelSpec::default(), cfg(ngram(None)));
+    let mut reqs = Vec::new();
+    for (i, p) in prompts().into_iter().enumerate() {
+        let req = greedy_tokens(p, 40);
+        let want = run(&t.engine, plain(req.clone())).await.token_ids;
+        // Exact predictions, predictions with edits, and unrelated ones.
+        let mut prediction = want.clone();
+        match i % 3 {
+            0 => {}
+            1 => {
+                prediction[10] = (prediction[10] + 1) % 500;
+                prediction.drain(20..23);
+            }
+            _ => prediction = token_ids(1000 + i as u64, 40),
+        }
+        let mut req = req;
+        req.prediction = Some(prediction);
+        reqs.push(req);
+    }
+    let (drafted, accepted) = assert_greedy_equal(&t.engine, reqs).await;
+    let stats = t.engine.scheduler_stats().await.spec;
+    println!("drafted {drafted}, accepted {accepted}, {stats:?}");
+    assert!(stats.num_accepted(DraftSource::Prediction) > 300);
+    assert!(accepted < drafted);
+}
+
+#[actix_rt::test]
+async fn greedy_speculation_in_a_batch_equals_plain_alone() {
+    let t = start_engine(
+        &TestModelSpec::default(),
+        cfg(SpecConfig {
+            max_batch_seqs: 64,
+            ..ngram(None)
+        }),
+    );
+    let reqs: Vec<GenerateRequest> = prompts()
+        .into_iter()
+        .map(|p| greedy_tokens(p, 48))
+        .collect();
+    let mut alone = Vec::new();
+    for r in &reqs {
+        alone.push(run(&t.engine, plain(r.clone())).await.token_ids);
+    }
+    let together = futures::future::join_all(reqs.iter().map(|r| run(&t.engine, r.clone()))).await;
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(*a, b.token_ids, "request {i}");
+    }
+    assert!(
+        t.engine
+            .scheduler_stats()
+            .await
+            .spec
+            .num_accepted(DraftSource::Ngram)
+            > 0
+    );
+}
+
+const ALPHABET: [u32; 8] = [40, 49, 58, 67, 76, 85, 94, 103];
+
+/// Sampling confined to 8 tokens, with `extra_bias` on `biased`.
+fn confined(seed: u64, top_p: f32, biased: u32, extra_bias: f32) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_p,
+        seed: Some(seed),
+        logit_bias: (0..512u32)
+            .filter(|t| !ALPHABET.contains(t))
+            .map(|t| (t, -100.0))
+            .chain([(biased, extra_bias)])
+            .collect(),
+        ..SamplingParams::default()
+    }
+}
+
+/// A prompt of the 8 tokens followed by the model's own greedy continuation, so the n-gram
+/// drafter's proposals are often (not always) what the model samples.
+async fn confined_prompt(engine: &Engine) -> Vec<u32> {
+    let mut prompt: Vec<u32> = (0..12).map(|i| ALPHABET[(i * i + i / 3) % 8]).collect();
+    let mut req = GenerateRequest::new(Prompt::Tokens(prompt.clone()));
+    req.max_tokens = Some(40);
+    req.sampling = SamplingParams {
+        temperature: 0.0,
+        ..confined(0, 1.0, ALPHABET[0], 0.0)
+    };
+    prompt.extend(run(engine, plain(req)).await.token_ids);
+    prompt
+}
+
+fn sampled(prompt: &[u32], params: SamplingParams) -> GenerateRequest {
+    let mut req = GenerateRequest::new(Prompt::Tokens(prompt.to_vec()));
+    req.max_tokens = Some(4);
+    req.sampling = params;
+    req
+}
+
+type Histogram = std::collections::BTreeMap<Vec<u32>, f64>;
+
+/// Histogram of the generated tokens after the first over `n` seeds.
+async fn histogram(engine: &Engine, n: u64, make: impl Fn(u64) -> GenerateRequest) -> Histogram {
+    let mut h = Histogram::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(32) {
+        let outs = futures::future::join_all(chunk.iter().map(|&s| run(engine, make(s)))).await;
+        for o in outs {
+            assert_eq!(o.token_ids.len(), 4, "{:?}", o.error);
+            *h.entry(o.token_ids[1..].to_vec()).or_insert(0.0) += 1.0;
+        }
+    }
+    h
+}
+
+/// Chi-square test of homogeneity of two histograms; true when they differ at the 0.1% level.
+fn differ(a: &Histogram, b: &Histogram) -> (bool, f64, usize) {
+    let na: f64 = a.values().sum();
+    let nb: f64 = b.values().sum();
+    let keys: std::collections::BTreeSet<_> = a.keys().chain(b.keys()).collect();
+    let (mut stat, mut cells) = (0.0, 0usize);
+    let (mut rest_a, mut rest_b) = (0.0, 0.0);
+    for k in keys {
+        let (x, y) = (
+            a.get(k).copied().unwrap_or(0.0),
+            b.get(k).copied().unwrap_or(0.0),
+        );
+        if x + y < 20.0 {
+            rest_a += x;
+            rest_b += y;
+            continue;
+        }
+        stat += cell(x, y, na, nb);
+        cells += 1;
+    }
+    if rest_a + rest_b > 0.0 {
+        stat += cell(rest_a, rest_b, na, nb);
+        cells += 1;
+    }
+    let df = (cells - 1) as f64;
+    let critical = df * (1.0 - 2.0 / (9.0 * df) + 3.09 * (2.0 / (9.0 * df)).sqrt()).powi(3);
+    (stat > critical, stat, cells - 1)
+}
+
+fn cell(x: f64, y: f64, na: f64, nb: f64) -> f64 {
+    let total = x + y;
+    let ea = total * na / (na + nb);
+    let eb = total * nb / (na + nb);
+    (x - ea).powi(2) / ea + (y - eb).powi(2) / eb
+}
+
+#[actix_rt::test]
+async fn sampled_tokens_keep_the_plain_distribution() {
+    let t = start_engine(
+        &TestModelSpec::default(),
+        cfg(SpecConfig {
+            max_batch_seqs: 64,
+            ..ngram(Some(2))
+        }),
+    );
+    let prompt = confined_prompt(&t.engine).await;
+    let n = 20_000;
+    for top_p in [1.0, 0.9] {
+        let p = |seed, bias| confined(seed, top_p, ALPHABET[0], bias);
+        let reference = histogram(&t.engine, n, |s| {
+            plain(sampled(&prompt, p(1_000_000 + s, 0.0)))
+        })
+        .await;
+        // The token sampled most often: a bias of 0.2 on it moves about 2% of the mass.
+        let mut first = std::collections::BTreeMap::new();
+        for (k, c) in &reference {
+            *first.entry(k[0]).or_insert(0.0) += c;
+        }
+        let top = *first.iter().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        let share = first[&top] / n as f64;
+        let before = t.engine.scheduler_stats().await.spec;
+        let spec = histogram(&t.engine, n, |s| sampled(&prompt, p(s, 0.0))).await;
+        let after = t.engine.scheduler_stats().await.spec;
+        let drafted =
+            after.num_drafted(DraftSource::Ngram) - before.num_drafted(DraftSource::Ngram);
+        let accepted =
+            after.num_accepted(DraftSource::Ngram) - before.num_accepted(DraftSource::Ngram);
+        println!(
+            "top_p {top_p}: drafted {drafted}, accepted {accepted}; {} outcomes",
+            reference.len()
+        );
+        assert!(
+            accepted > n / 10 && drafted - accepted > n / 10,
+            "both paths are exercised"
+        );
+        let (d, stat, df) = differ(&reference, &spec);
+        println!("top_p {top_p}: speculative vs plain chi2 {stat:.1} df {df}");
+        assert!(
+            !d,
+            "top_p {top_p}: speculative sampling differs: chi2 {stat:.1} df {df}"
+        );
+        // The same test notices a small shift: a slight bias on one token.
+        let shifted = histogram(&t.engine, n, |s| {
+            plain(sampled(&prompt, confined(2_000_000 + s, top_p, top, 0.2)))
+        })
+        .await;
+        let mut shifted_first = 0.0;
+        for (k, c) in &shifted {
+            if k[0] == top {
+                shifted_first += c;
+            }
+        }
+        println!(
+            "token {top}: share {share:.3} → {:.3} with the bias",
+            shifted_first / n as f64
+        );
+        let (d, stat, df) = differ(&reference, &shifted);
+        println!("top_p {top_p}: biased vs plain chi2 {stat:.1} df {df}");
+        assert!(
+            d,
+            "top_p {top_p}: a shifted distribution went unnoticed: chi2 {stat:.1} df {df}"
+        );
+    }
+}
+
+#[actix_rt::test]
+async fn a_seed_reproduces_a_speculative_sampled_output() {
+    let t = start_engine(&TestModelSpec::default(), cfg(ngram(None)));
+    let prompt = confined_prompt(&t.engine).await;
+    let make = |seed| {
+        let mut r = sampled(&prompt, confined(seed, 0.9, ALPHABET[0], 0.0));
+        r.max_tokens = Some(40);
+        r
+    };
+    let a = run(&t.engine, make(7)).await;
+    let b = run(&t.engine, make(7)).await;
+    let c = run(&t.engine, make(8)).await;
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_ne!(a.token_ids, c.token_ids);
+    assert!(a.usage.draft_tokens > 0);
+}
+
+#[actix_rt::test]
+async fn pages_balance_after_many_rounds_with_cancellations_mid_verification() {
+    let t = start_engine(
+        &TestModelSpec::default(),
+        cfg(SpecConfig {
+            max_batch_seqs: 64,
+            ..ngram(None)
+        }),
+    );
+    for round in 0..3u64 {
+        let mut streams = Vec::new();
+        for i in 0..24u64 {
+            let p = prompts()[(i % 20) as usize].clone();
+            let mut req = greedy_tokens(p, 20 + (i as usize * 7) % 50);
+            if i % 3 == 0 {
+                req.session = Some(SessionKey {
+                    scope: String::new(),
+                    session_id: format!("s{i}"),
+                });
+            }
+            if i % 5 == 0 {
+                req.sampling = SamplingParams {
+                    seed: Some(i),
+                    ..SamplingParams::default()
+                };
+            }
+            match t.engine.submit(req).await {
+                Ok(stream) => streams.push((i, stream)),
+                Err(e) => panic!(
+                    "round {round}, request {i}: {e:?}; {:?}; {:?}",
+                    t.engine.sessions().await,
+                    t.engine.scheduler_stats().await
+                ),
+            }
+        }
+        for (i, mut s) in streams {
+            match (i + round) % 4 {
+                0 => drop(s),
+                1 => {
+                    // Cancel after a few tokens: often while a verify step is in flight.
+                    for _ in 0..3 {
+                        let _ = s.recv().await;
+                    }
+                    drop(s);
+                }
+                _ => {
+                    let out = drain(s).await;
+                    assert!(out.error.is_none(), "{:?}", out.error);
+                    assert!(matches!(
+                        out.finish,
+                        Some(FinishReason::Length | FinishReason::Stop)
+                    ));
+                }
+            }
+        }
+        // A session's next turn starts once its previous one has ended.
+        wait_until_idle(&t.engine).await;
+    }
+    let stats = t.engine.scheduler_stats().await.spec;
+    assert!(stats.num_accepted(DraftSource::Ngram) > 100);
+    t.engine.clear_caches().await;
+    let pool = t.engine.pool_stats().await;
+    assert_eq!(pool.num_used, 0, "{pool:?}");
+}
+
+async fn wait_until_idle(engine: &Engine) {
+    for _ in 0..5000 {
+        let s = engine.scheduler_stats().await;
+        if s.num_running == 0 && s.num_waiting == 0 {
+            return;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    panic!("the scheduler never became idle");
+}
