@@ -183,7 +183,7 @@ mod tests {
 
     fn messages(p: &ChatPrompt) -> &Value {
         match &p.prompt {
-            Prompt::Chat { messages, .. } => messages,
+            Prompt::Chat { messages, .. } | Prompt::ChatContinued { messages, .. } => messages,
             _ => unreachable!(),
         }
     }
@@ -221,9 +221,19 @@ mod tests {
         let p = build_json(base(json!({"type": "function", "function": {"name": "f"}}))).unwrap();
         assert_eq!(
             messages(&p).as_array().unwrap().len(),
-            2,
-            "a hint is appended"
+            1,
+            "no message is added"
         );
+        assert_eq!(
+            p.forced_prefix,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": "
+        );
+        assert!(
+            matches!(&p.prompt, Prompt::ChatContinued { assistant_prefix, .. }
+            if *assistant_prefix == p.forced_prefix)
+        );
+        let p = build_json(base(json!("required"))).unwrap();
+        assert_eq!(p.forced_prefix, "<tool_call>\n{\"name\": \"");
         let err =
             build_json(base(json!({"type": "function", "function": {"name": "g"}}))).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tool_choice.function.name"));
