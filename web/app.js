@@ -14,7 +14,9 @@ function settings() {
     instructions: $("system").value.trim() || undefined,
     temperature: num("temperature"), top_p: num("top_p"), top_k: num("top_k"),
     max_output_tokens: Math.max(1, num("max_tokens")),
-    speculative: { enabled: $("speculative").checked, drafter: $("drafter").value },
+    // `speculative: false` turns drafting off for this reply; the drafter is the server's
+    // (--speculative), so the choice below is informational until per-request drafters exist.
+    speculative: $("speculative").checked,
   };
   if (state.previousId) body.previous_response_id = state.previousId;
   return body;
