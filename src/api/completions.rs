@@ -3,7 +3,7 @@
 //! several prompts in one request are refused too (send one request per prompt).
 
 use super::auth::Authorized;
-use super::errors::{from_value, parse_object, read_body, ApiError};
+use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, collect, finish_reason, submit_all, Collected};
 use super::metrics::TokenClock;
 use super::sse;
@@ -35,8 +35,7 @@ pub async fn completions(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.config.max_body).await?;
-    let value = parse_object(&body)?;
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
     let params: GenerationParams = from_value(&value)?;
     let request: CompletionRequest = from_value(&value)?;
     state.check_model(params.model.as_deref())?;

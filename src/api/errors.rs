@@ -253,6 +253,16 @@ pub async fn read_body(
     Ok(body.freeze())
 }
 
+/// The request body as a JSON object: [`read_body`] then [`parse_object`], as every POST
+/// handler starts.
+pub async fn read_json_object(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<Value, ApiError> {
+    parse_object(&read_body(req, payload, limit).await?)
+}
+
 /// Parses a JSON object from bytes; syntax errors name their line and column.
 pub fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {

@@ -4,7 +4,7 @@
 
 use super::auth::Authorized;
 use super::chat_prompt;
-use super::errors::{from_value, parse_object, read_body, ApiError};
+use super::errors::{from_value, read_json_object, ApiError};
 use super::types::*;
 use super::AppState;
 use crate::engine::Prompt;
@@ -22,8 +22,7 @@ pub async fn tokenize(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.config.max_body).await?;
-    let value = parse_object(&body)?;
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
     let request: TokenizeRequest = from_value(&value)?;
     state.check_model(request.model.as_deref())?;
     let engine = state.engine()?;
@@ -59,8 +58,7 @@ pub async fn detokenize(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.config.max_body).await?;
-    let value = parse_object(&body)?;
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
     let request: DetokenizeRequest = from_value(&value)?;
     state.check_model(request.model.as_deref())?;
     let vocab_size = state.engine()?.info().vocab_size;
@@ -88,8 +86,7 @@ pub async fn count_chat(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.config.max_body).await?;
-    let value = parse_object(&body)?;
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
     let request: ChatCompletionRequest = from_value(&value)?;
     state.check_model(request.params.model.as_deref())?;
     let engine = state.engine()?;

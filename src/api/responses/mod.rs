@@ -15,7 +15,7 @@ pub mod store;
 pub mod types;
 
 use super::auth::Authorized;
-use super::errors::{from_value, parse_object, read_body, ApiError};
+use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, Plan};
 use super::metrics::TokenClock;
 use super::types::GenerationParams;
@@ -280,8 +280,7 @@ pub async fn create_response(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.config.max_body).await?;
-    let value = parse_object(&body)?;
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
     let mut job = prepare(&state, &auth.scope, &value, new_item_id("resp"))?;
     let streamed = value.get("stream").and_then(Value::as_bool) == Some(true);
     let engine = state.engine()?;
