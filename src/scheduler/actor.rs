@@ -227,39 +227,39 @@ impl SchedulerActor {
             .iter()
             .map(|g| {
                 let tokens = self.grant_tokens(g);
-                let session = self.active[&g.seq_id].sub.session.clone();
-                (g.seq_id, tokens.clone(), session.send(Grow { tokens }))
+                let a = &self.active[&g.seq_id];
+                let grow = a.sub.session.send(Grow {
+                    tokens: tokens.clone(),
+                });
+                (*g, a.seq.num_computed, tokens, grow)
             })
-            .collect();
-        let starts: HashMap<SeqId, usize> = plan
-            .grants
-            .iter()
-            .map(|g| (g.seq_id, self.active[&g.seq_id].seq.num_computed))
             .collect();
         let worker = self.worker.clone();
         async move {
             let mut granted = Vec::new();
             let mut refused = Vec::new();
-            for (id, tokens, grow) in grows {
+            for (grant, start, tokens, grow) in grows {
                 match grow.await.map_err(EngineError::from).and_then(|r| r) {
-                    Ok(page_ids) => granted.push((id, tokens, page_ids)),
-                    Err(e) => refused.push((id, e)),
+                    Ok(page_ids) => granted.push(Granted {
+                        grant,
+                        start,
+                        tokens,
+                        page_ids,
+                    }),
+                    Err(e) => refused.push((grant.seq_id, e)),
                 }
             }
             let steps: Vec<OwnedSeqStep> = granted
                 .iter()
-                .map(|(id, tokens, page_ids)| {
-                    let g = plan.grants.iter().find(|g| g.seq_id == *id).unwrap();
-                    OwnedSeqStep {
-                        tokens: tokens.clone(),
-                        start_position: starts[id],
-                        page_ids: page_ids.clone(),
-                        outputs: match (g.wants_logits, g.num_drafts) {
-                            (false, _) => OutputRows::None,
-                            (true, 0) => OutputRows::Last,
-                            (true, _) => OutputRows::All,
-                        },
-                    }
+                .map(|g| OwnedSeqStep {
+                    tokens: g.tokens.clone(),
+                    start_position: g.start,
+                    page_ids: g.page_ids.clone(),
+                    outputs: match (g.grant.wants_logits, g.grant.num_drafts) {
+                        (false, _) => OutputRows::None,
+                        (true, 0) => OutputRows::Last,
+                        (true, _) => OutputRows::All,
+                    },
                 })
                 .collect();
             let mut forward_time = Duration::ZERO;
@@ -276,7 +276,6 @@ impl SchedulerActor {
                 Some(out)
             };
             StepOutcome {
-                plan,
                 granted,
                 refused,
                 forward,
@@ -300,14 +299,20 @@ impl SchedulerActor {
             None => return,
             Some(Ok(out)) => out,
             Some(Err(e)) => {
-                for (id, _, _) in outcome.granted {
-                    self.finish(id, Err(e.clone()));
+                for g in outcome.granted {
+                    self.finish(g.grant.seq_id, Err(e.clone()));
                 }
                 return;
             }
         };
-        for (batch_index, (id, tokens, page_ids)) in outcome.granted.into_iter().enumerate() {
-            let g = *outcome.plan.grants.iter().find(|g| g.seq_id == id).unwrap();
+        for (batch_index, granted) in outcome.granted.into_iter().enumerate() {
+            let Granted {
+                grant: g,
+                tokens,
+                page_ids,
+                ..
+            } = granted;
+            let id = g.seq_id;
             let Some(a) = self.active.get_mut(&id) else {
                 continue;
             };
@@ -441,9 +446,17 @@ impl SchedulerActor {
     }
 }
 
+/// A grant whose session found the pages: what the forward computes for it.
+struct Granted {
+    grant: Grant,
+    /// Position of `tokens[0]`.
+    start: usize,
+    tokens: Vec<u32>,
+    page_ids: Vec<PageId>,
+}
+
 struct StepOutcome {
-    plan: StepPlan,
-    granted: Vec<(SeqId, Vec<u32>, Vec<PageId>)>,
+    granted: Vec<Granted>,
     refused: Vec<(SeqId, EngineError)>,
     forward: Option<Result<ForwardOutput, EngineError>>,
     forward_time: Duration,
