@@ -2,8 +2,11 @@
 //!
 //! Two references per case, both from candle's own dequantisation of the weights:
 //! - `loose`: the activations exactly as given, in f64. The kernels quantise activations to
-//!   int8 per 32 (Q8_0, Q4_1) or per 256 (Q4_K, Q6_K), so the relative L2 error
-//!   ‖ours − ref‖ / ‖ref‖ must stay below `LOOSE_REL_L2` (1.5e-2; about 6e-3 is typical).
+//!   int8 per 32 (Q8_0, Q4_1) or per 256 (Q4_K, Q6_K) with step d = max|x| / 127, rounding to
+//!   nearest, so per output |ours − ref| ≤ Σ_blocks d/2 · Σₖ |wₖ| (plus the f32 rounding below).
+//!   Where there are enough outputs for it to be a stable statistic (≥ 64), the relative L2
+//!   error ‖ours − ref‖ / ‖ref‖ must also stay below `LOOSE_REL_L2` (1.5e-2; about 6e-3 is
+//!   typical). With a handful of outputs a near-zero dot product makes that ratio meaningless.
 //! - `tight`: the same int8 activation quantisation applied first, then f64. What is left is
 //!   f32 rounding: per output, |ours − ref| ≤ 4e-7 · (num_blocks + 16) · Σₖ |wₖ · xₖ|.
 //!
@@ -14,6 +17,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use mtpx::kernels::{quantize_block, Dispatch, QuantMatrix, Scratch};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -67,6 +71,29 @@ fn quantized_acts(dtype: GgmlDType, x: &[f32]) -> Vec<f32> {
     out
 }
 
+/// Per output, the worst case of int8 activation rounding: Σ_blocks (max|x_b| / 254) · Σ_{k∈b} |wₖ|.
+fn activation_rounding_bound(dtype: GgmlDType, w: &[f32], x: &[f32], in_dim: usize) -> Vec<f64> {
+    let block = match dtype {
+        GgmlDType::F16 | GgmlDType::F32 => return vec![0.0; x.len() / in_dim * w.len() / in_dim],
+        _ => block_len(dtype),
+    };
+    let mut out = Vec::new();
+    for xr in x.chunks(in_dim) {
+        for wr in w.chunks(in_dim) {
+            let bound: f64 = xr
+                .chunks(block)
+                .zip(wr.chunks(block))
+                .map(|(xb, wb)| {
+                    let half_step = xb.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)) / 254.0;
+                    half_step * wb.iter().map(|&v| v.abs() as f64).sum::<f64>()
+                })
+                .sum();
+            out.push(bound);
+        }
+    }
+    out
+}
+
 /// `[num_rows, out_dim]` in f64, and per output Σₖ |wₖ · xₖ| (the scale of rounding error).
 fn reference(w: &[f32], x: &[f32], in_dim: usize) -> (Vec<f64>, Vec<f64>) {
     let mut out = Vec::new();
@@ -116,17 +143,31 @@ fn check_case(dtype: GgmlDType, num_rows: usize, out_dim: usize, in_dim: usize, 
             "{case}: out[{i}] = {ours}, tight ref {t}"
         );
     }
-    let err: f64 = scalar
+    let act_bound = activation_rounding_bound(dtype, &w, &x, in_dim);
+    for (i, (&ours, (&r, (&ab, &mag)))) in scalar
         .iter()
-        .zip(&loose)
-        .map(|(&o, &r)| (o as f64 - r).powi(2))
-        .sum();
-    let norm: f64 = loose.iter().map(|r| r * r).sum();
-    let rel = (err / norm).sqrt();
-    assert!(
-        rel <= LOOSE_REL_L2,
-        "{case}: relative L2 error {rel:.2e} vs the f64 reference"
-    );
+        .zip(loose.iter().zip(act_bound.iter().zip(&mag)))
+        .enumerate()
+    {
+        let bound = ab * (1.0 + 1e-5) + 4e-7 * (num_blocks + 16) as f64 * mag + 1e-30;
+        assert!(
+            (ours as f64 - r).abs() <= bound,
+            "{case}: out[{i}] = {ours}, f64 ref {r}, off by more than int8 activations allow ({bound:.3e})"
+        );
+    }
+    if scalar.len() >= 64 {
+        let err: f64 = scalar
+            .iter()
+            .zip(&loose)
+            .map(|(&o, &r)| (o as f64 - r).powi(2))
+            .sum();
+        let norm: f64 = loose.iter().map(|r| r * r).sum();
+        let rel = (err / norm).sqrt();
+        assert!(
+            rel <= LOOSE_REL_L2,
+            "{case}: relative L2 error {rel:.2e} vs the f64 reference"
+        );
+    }
     for path in Dispatch::supported() {
         let got = run(&m, path, &x);
         assert!(
@@ -285,7 +326,12 @@ fn zero_rows_is_a_no_op_and_scratch_is_reused_across_shapes() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        rng_seed: RngSeed::Fixed(0x6b65726e),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn small_random_shapes_agree_on_every_path(

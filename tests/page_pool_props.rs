@@ -6,6 +6,7 @@
 use mtpx::error::KvError;
 use mtpx::kv::{KvDtype, KvShape, KvStorage, PagePool, PageTable};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 use std::collections::HashMap;
 
 #[derive(Debug, Clone)]
@@ -58,7 +59,12 @@ fn check_invariants(pool: &PagePool, tables: &[PageTable], storage: &KvStorage) 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        rng_seed: RngSeed::Fixed(0x706f6f6c),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn pool_and_tables_stay_consistent(
         num_pages in 1usize..40,
