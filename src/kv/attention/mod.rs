@@ -120,9 +120,9 @@ pub fn paged_attention(
     );
 }
 
-/// [`paged_attention`] on a given instruction-set path (`Scalar` and `Avx2` run the portable
-/// microkernels, `Avx512` the AVX-512 ones), planned for `threads` threads (which decides how
-/// far split-K goes; the work still runs on the current rayon pool).
+/// [`paged_attention`] on a given instruction-set path (`Scalar` runs the portable
+/// microkernels, `Avx2` and `Avx512` their own), planned for `threads` threads (which decides
+/// how far split-K goes, not the result; the work runs on the current rayon pool).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_with(
     path: Dispatch,
@@ -330,7 +330,7 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         s.sum.resize(lanes, 0.0);
         let end = (first + segment).min(key_end);
         for kb in (first..end).step_by(bk) {
-            attend_block(ctx, task, s, kb, bk.min(end - kb), end);
+            attend_block(ctx, task, s, kb, bk.min(end - kb), key_end);
         }
         match task.partial {
             None => {
@@ -442,20 +442,15 @@ fn attend_block(
         if visible == 0 {
             continue;
         }
-        let row = &mut row[..visible];
         let old = s.max[lane];
-        let new_max = old.max(max(row));
-        // A separate pass so the branch-free exp vectorises.
-        for x in row.iter_mut() {
-            *x = exp_nonpositive(*x - new_max);
-        }
+        let (new_max, block_sum) = micro::softmax(ctx.path, &mut row[..visible], old);
         let correction = exp_nonpositive(old - new_max);
         if correction != 1.0 {
             s.o[lane * hdp..(lane + 1) * hdp]
                 .iter_mut()
                 .for_each(|a| *a *= correction);
         }
-        s.sum[lane] = s.sum[lane] * correction + sum(row);
+        s.sum[lane] = s.sum[lane] * correction + block_sum;
         s.max[lane] = new_max;
     }
 
@@ -514,34 +509,6 @@ fn merge(ctx: &Context, multi: &Multi, partials: &[f32], out: &mut [f32]) {
         let inv = 1.0 / total;
         dst.iter_mut().for_each(|d| *d *= inv);
     }
-}
-
-#[inline]
-fn max(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 16];
-    let mut chunks = x.chunks_exact(16);
-    for c in &mut chunks {
-        for i in 0..16 {
-            acc[i] = acc[i].max(c[i]);
-        }
-    }
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    acc.iter().fold(tail, |m, &v| m.max(v))
-}
-
-#[inline]
-fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut chunks = x.chunks_exact(16);
-    for c in &mut chunks {
-        for i in 0..16 {
-            acc[i] += c[i];
-        }
-    }
-    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
 
 #[cfg(test)]
