@@ -14,14 +14,15 @@
 //! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
 //! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
 //!
-//! Keys are grouped in segments of [`SEGMENT_KEYS`] absolute positions. A row whose keys span
-//! several segments gets one partial softmax state (max, sum, unnormalised output) per segment,
-//! and a merge pass folds them left to right. When there are fewer tasks than the threads can
-//! balance — decode at long context with one sequence and two KV heads — a task's segments are
-//! spread over several tasks (split-K, as in flash-decoding). Since block and segment
-//! boundaries are absolute positions and the fold order is fixed, a row's output is
-//! bit-for-bit the same whatever else is in the batch and however many threads the plan is for:
-//! a verify row equals the decode row it replaces.
+//! Keys are grouped in segments of [`SEGMENT_KEYS`] absolute positions: the online softmax
+//! restarts at each segment, and the segments' states (max, sum, unnormalised output) are
+//! folded left to right. When there are fewer tasks than the threads can balance — decode at
+//! long context with one sequence and two KV heads — a task's segments are spread over several
+//! tasks (split-K, as in flash-decoding) that store each segment's state for a merge pass to
+//! fold; otherwise a task folds its segments as it goes, with the same function in the same
+//! order. Since block and segment boundaries are absolute positions and the fold order is
+//! fixed, a row's output is bit-for-bit the same whatever else is in the batch and however many
+//! threads the plan is for: a verify row equals the decode row it replaces.
 
 mod micro;
 
@@ -52,8 +53,8 @@ pub struct AttentionShape {
 const ROWS_PER_TASK: usize = 16;
 /// Keys per block, rounded down to whole pages (at least one page).
 const BLOCK_KEYS: usize = 64;
-/// Keys per segment, rounded down to whole blocks: the unit of partial states and of split-K.
-const SEGMENT_KEYS: usize = 512;
+/// Keys per segment, rounded down to whole blocks: the unit of split-K.
+const SEGMENT_KEYS: usize = 1024;
 /// Split-K aims for at least this many tasks per thread, so that stealing can balance them.
 const TASKS_PER_THREAD: usize = 4;
 /// Lanes one microkernel call keeps in registers.
@@ -68,12 +69,12 @@ struct Task {
     /// Key positions `keys.start..keys.end`, whole segments but the last (clipped to what the
     /// rows see).
     keys: Range<usize>,
-    /// For rows that span several segments: where segment 0's partial state goes in the
-    /// partials buffer (segment `i`'s is `i` states further).
+    /// For one piece of a split: where segment 0's state goes in the partials buffer (segment
+    /// `i`'s is `i` states further). `None`: the task folds its segments and writes the output.
     partial: Option<usize>,
 }
 
-/// A (rows, KV head) whose rows span several segments, merged after the parallel pass.
+/// A (rows, KV head) split across tasks, merged after the parallel pass.
 #[derive(Debug, Clone)]
 struct Multi {
     kv_head: usize,
@@ -168,9 +169,10 @@ pub fn paged_attention_with(
         .for_each_init(Scratch::default, |scratch, task| {
             attend_task(&ctx, task, scratch, out_ptr, partials_ptr);
         });
-    for multi in &plan.merges {
-        merge(&ctx, multi, &partials, out);
-    }
+    let partials = &partials;
+    plan.merges.par_iter().for_each(|multi| {
+        merge(&ctx, multi, partials, out_ptr);
+    });
 }
 
 /// Keys per block: whole pages, at least one.
@@ -189,7 +191,7 @@ fn lanes(num_rows: usize, group: usize) -> usize {
     num_rows * group
 }
 
-/// Floats of one segment's partial state: max and sum per lane, then the unnormalised output.
+/// Floats of one segment's state: max and sum per lane, then the unnormalised output.
 fn partial_len(lanes: usize, hd: usize) -> usize {
     lanes * (2 + hd)
 }
@@ -232,7 +234,7 @@ fn plan_tasks(
         let per = segments.div_ceil(pieces) * segment;
         let state = partial_len(lanes(rows.len(), group), hd);
         for kv_head in 0..num_kv_heads {
-            let partial = (segments > 1).then(|| {
+            let partial = (pieces > 1).then(|| {
                 let at = plan.partials_len;
                 plan.partials_len += segments * state;
                 plan.merges.push(Multi {
@@ -284,6 +286,10 @@ struct Scratch {
     sum: Vec<f32>,
     /// Keys of the current block each lane sees.
     visible: Vec<usize>,
+    /// The running fold of the task's segments: max, sum, `[lane][hdp]` output.
+    fold_max: Vec<f32>,
+    fold_sum: Vec<f32>,
+    fold_o: Vec<f32>,
 }
 
 fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, partials: SharedPtr) {
@@ -321,6 +327,12 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     s.s.resize(lanes * bs, 0.0);
     s.visible.resize(lanes, 0);
 
+    // The running fold of this task's segments (unsplit tasks only).
+    s.fold_max.clear();
+    s.fold_max.resize(lanes, f32::NEG_INFINITY);
+    s.fold_sum.clear();
+    s.fold_sum.resize(lanes, 0.0);
+    s.fold_o.resize(lanes * hdp, 0.0);
     for first in (task.keys.start..key_end).step_by(segment) {
         s.o.clear();
         s.o.resize(lanes * hdp, 0.0);
@@ -335,22 +347,16 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         match task.partial {
             None => {
                 for lane in 0..lanes {
-                    let (r, g) = (lane / group, lane % group);
-                    let head = task.kv_head * group + g;
-                    let off = ((task.rows.start + r) * shape.num_heads + head) * hd;
-                    // SAFETY: a (row, head) whose keys fit one segment belongs to exactly one
-                    // task, so writes are disjoint, and `off + hd <= out.len()` (row < num_rows,
-                    // head < num_heads).
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(off), hd) };
-                    let inv = 1.0 / s.sum[lane];
-                    for (d, a) in dst.iter_mut().zip(&s.o[lane * hdp..]) {
-                        *d = a * inv;
-                    }
+                    let acc = &mut s.fold_o[lane * hdp..lane * hdp + hd];
+                    let (max, sum) = (&mut s.fold_max[lane], &mut s.fold_sum[lane]);
+                    let o = &s.o[lane * hdp..lane * hdp + hd];
+                    fold(max, sum, acc, s.max[lane], s.sum[lane], o);
                 }
             }
             Some(at) => {
                 let len = partial_len(lanes, hd);
-                // SAFETY: the plan gives every (rows, KV head, segment) its own `len` floats.
+                // SAFETY: the plan gives every (rows, KV head, segment) of a split its own `len`
+                // floats, and only the piece holding the segment writes them.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(partials.0.add(at + first / segment * len), len)
                 };
@@ -364,6 +370,46 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
             }
         }
     }
+    if task.partial.is_none() {
+        for lane in 0..lanes {
+            let (r, g) = (lane / group, lane % group);
+            let head = task.kv_head * group + g;
+            let off = ((task.rows.start + r) * shape.num_heads + head) * hd;
+            // SAFETY: an unsplit (rows, KV head) is one task, so its (row, head) writes are
+            // disjoint from every other task's, and `off + hd <= out.len()` (row < num_rows,
+            // head < num_heads).
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(off), hd) };
+            let inv = 1.0 / s.fold_sum[lane];
+            for (d, a) in dst.iter_mut().zip(&s.fold_o[lane * hdp..]) {
+                *d = a * inv;
+            }
+        }
+    }
+}
+
+/// Folds one segment's state `(m, l, o)` of a lane into the running `(max, sum, acc)`: the first
+/// segment the lane sees is taken as it is, later ones rescale both sides to the larger max. A
+/// segment none of whose keys the lane sees (max −inf, sum 0) changes nothing.
+#[inline]
+fn fold(max: &mut f32, sum: &mut f32, acc: &mut [f32], m: f32, l: f32, o: &[f32]) {
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    if *max == f32::NEG_INFINITY {
+        (*max, *sum) = (m, l);
+        acc.copy_from_slice(o);
+        return;
+    }
+    let new_max = max.max(m);
+    let (a, b) = (
+        exp_nonpositive(*max - new_max),
+        exp_nonpositive(m - new_max),
+    );
+    *sum = *sum * a + l * b;
+    for (d, x) in acc.iter_mut().zip(o) {
+        *d = *d * a + x * b;
+    }
+    *max = new_max;
 }
 
 /// Folds keys `kb..kb + nk` (whole pages from a page boundary) into the lanes' running state;
@@ -473,8 +519,8 @@ fn attend_block(
     }
 }
 
-/// Folds the segments' partial states of a (rows, KV head) left to right into its output.
-fn merge(ctx: &Context, multi: &Multi, partials: &[f32], out: &mut [f32]) {
+/// Folds the segment states of a split (rows, KV head) left to right into its output.
+fn merge(ctx: &Context, multi: &Multi, partials: &[f32], out: SharedPtr) {
     let (hd, group, nh) = (ctx.shape.head_dim, ctx.group, ctx.shape.num_heads);
     let lanes = lanes(multi.rows.len(), group);
     let len = partial_len(lanes, hd);
@@ -482,31 +528,15 @@ fn merge(ctx: &Context, multi: &Multi, partials: &[f32], out: &mut [f32]) {
     for lane in 0..lanes {
         let (r, g) = (lane / group, lane % group);
         let off = ((multi.rows.start + r) * nh + multi.kv_head * group + g) * hd;
-        let dst = &mut out[off..off + hd];
-        let (mut max, mut total) = (f32::NEG_INFINITY, 0f32);
-        dst.fill(0.0);
+        // SAFETY: a split (rows, KV head) is merged once and its (row, head) slices belong to
+        // no task, so writes are disjoint; `off + hd <= out.len()` as in `attend_task`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(off), hd) };
+        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
         for state in states.chunks_exact(len) {
-            let m = state[lane];
-            // A segment none of whose keys the lane sees has max −inf and sum 0.
-            if m == f32::NEG_INFINITY {
-                continue;
-            }
-            let acc = &state[2 * lanes + lane * hd..2 * lanes + (lane + 1) * hd];
-            if max == f32::NEG_INFINITY {
-                // The first segment: taken as it is.
-                (max, total) = (m, state[lanes + lane]);
-                dst.copy_from_slice(acc);
-                continue;
-            }
-            let new_max = max.max(m);
-            let (a, b) = (exp_nonpositive(max - new_max), exp_nonpositive(m - new_max));
-            total = total * a + state[lanes + lane] * b;
-            for (d, x) in dst.iter_mut().zip(acc) {
-                *d = *d * a + x * b;
-            }
-            max = new_max;
+            let o = &state[2 * lanes + lane * hd..2 * lanes + (lane + 1) * hd];
+            fold(&mut max, &mut sum, dst, state[lane], state[lanes + lane], o);
         }
-        let inv = 1.0 / total;
+        let inv = 1.0 / sum;
         dst.iter_mut().for_each(|d| *d *= inv);
     }
 }
@@ -525,7 +555,7 @@ mod tests {
         assert_eq!(plan.tasks.len(), 8, "{plan:?}");
         assert_eq!(plan.merges.len(), 2);
         for multi in &plan.merges {
-            assert_eq!(multi.segments, 32);
+            assert_eq!(multi.segments, 16);
         }
         // The pieces of a head cover every key once, in whole segments.
         let head0: Vec<_> = plan.tasks.iter().filter(|t| t.kv_head == 0).collect();
@@ -538,18 +568,28 @@ mod tests {
     }
 
     #[test]
-    fn many_sequences_or_one_thread_are_not_split() {
-        // Every sequence spans 8 segments (so is merged), but each runs as one task per head.
+    fn many_sequences_or_one_thread_or_one_segment_are_not_split() {
+        // Enough tasks to balance: each sequence is one task per head, folding its segments.
         let plan = plan_tasks(&decode_rows(16, 4000), 2, 7, 64, 16, 2);
-        assert_eq!(plan.tasks.len(), 32);
-        assert_eq!(plan.merges.len(), 32);
-        let plan = plan_tasks(&decode_rows(1, 30_000), 2, 7, 64, 16, 1);
-        assert_eq!(plan.tasks.len(), 2);
-        // A context within one segment needs no partial state at all.
-        let plan = plan_tasks(&decode_rows(1, 500), 2, 7, 64, 16, 2);
         assert_eq!(
             (plan.tasks.len(), plan.merges.len(), plan.partials_len),
-            (2, 0, 0)
+            (32, 0, 0)
         );
+        let plan = plan_tasks(&decode_rows(1, 30_000), 2, 7, 64, 16, 1);
+        assert_eq!((plan.tasks.len(), plan.merges.len()), (2, 0));
+        let plan = plan_tasks(&decode_rows(1, 1000), 2, 7, 64, 16, 2);
+        assert_eq!((plan.tasks.len(), plan.merges.len()), (2, 0));
+    }
+
+    #[test]
+    fn a_long_prefill_is_not_split_and_needs_no_partial_states() {
+        let rows: Vec<_> = (0..512)
+            .map(|i| AttentionRow {
+                seq: 0,
+                position: 20_000 + i,
+            })
+            .collect();
+        let plan = plan_tasks(&rows, 2, 7, 64, 16, 2);
+        assert_eq!((plan.tasks.len(), plan.partials_len), (64, 0));
     }
 }
