@@ -14,8 +14,8 @@ function settings() {
     instructions: $("system").value.trim() || undefined,
     temperature: num("temperature"), top_p: num("top_p"), top_k: num("top_k"),
     max_output_tokens: Math.max(1, num("max_tokens")),
-    // `speculative: false` turns drafting off for this reply; the drafter is the server's
-    // (--speculative), so the choice below is informational until per-request drafters exist.
+    // `speculative: false` turns drafting off for this reply; the drafters are the server's
+    // (--speculative), listed from /v1/stats.
     speculative: $("speculative").checked,
   };
   if (state.previousId) body.previous_response_id = state.previousId;
@@ -144,6 +144,38 @@ function itemEl(item) {
   return el;
 }
 
+// Text from accepted speculative drafts is tinted; its title says the draft depth.
+function appendText(el, text, depths) {
+  const drafted = (depths || []).filter((d) => d > 0);
+  if (!drafted.length) { el.appendChild(document.createTextNode(text)); return; }
+  const span = document.createElement("span");
+  span.className = "draft";
+  span.title = "accepted draft, depth " + drafted.join(", ");
+  span.textContent = text;
+  el.appendChild(span);
+}
+
+// Per-depth acceptance of the last reply, from its timings.
+function showSpeculation(t) {
+  const rows = (t && t.draft_by_depth) || [];
+  const table = $("spec_depths");
+  table.textContent = "";
+  if (!rows.length) { $("m_spec").textContent = t && t.draft_n === 0 ? "no drafts" : "–"; return; }
+  const rounds = rows[0].drafted;
+  $("m_spec").textContent = `${(t.draft_n_accepted / rounds).toFixed(2)} drafts/round · ${t.draft_n_accepted}/${t.draft_n} accepted`;
+  for (const r of rows) {
+    const tr = document.createElement("tr");
+    const rate = r.drafted ? r.accepted / r.drafted : 0;
+    for (const v of [r.depth, `${r.accepted}/${r.drafted}`, (100 * rate).toFixed(0) + "%"]) {
+      const td = document.createElement("td"); td.textContent = v; tr.appendChild(td);
+    }
+    const bar = document.createElement("td");
+    const fill = document.createElement("span"); fill.className = "bar"; fill.style.width = (100 * rate) + "%";
+    bar.appendChild(fill); tr.appendChild(bar);
+    table.appendChild(tr);
+  }
+}
+
 function firstToken() {
   const c = state.current;
   if (c && c.ttft === null) c.ttft = performance.now() - c.start;
@@ -166,12 +198,12 @@ function onEvent(e) {
     case "response.output_text.delta":
     case "response.reasoning_text.delta":
       firstToken();
-      itemEl({ id: e.item_id }).body.textContent += e.delta;
+      appendText(itemEl({ id: e.item_id }).body, e.delta, e.draft_depths);
       c.el.scrollIntoView({ block: "end" });
       break;
     case "response.function_call_arguments.delta":
       firstToken();
-      itemEl({ id: e.item_id }).body.textContent += e.delta;
+      appendText(itemEl({ id: e.item_id }).body, e.delta, e.draft_depths);
       break;
     case "response.output_item.done":
       if (e.item.type === "function_call") {
@@ -203,6 +235,7 @@ function finishReply(error, status, response) {
   $("m_tps").textContent = tps !== null ? tps.toFixed(1) : "–";
   $("m_ttft").textContent = c.ttft !== null ? c.ttft.toFixed(0) + " ms" : "–";
   $("m_cached").textContent = u ? `${u.input_tokens_details.cached_tokens} / ${u.input_tokens}` : "–";
+  showSpeculation(t);
   refreshStats();
 }
 
@@ -221,6 +254,9 @@ async function refreshStats() {
     if (!res.ok) return;
     const s = await res.json();
     $("model").textContent = s.model + " · " + s.context_window + " tokens";
+    const drafters = (s.speculation && s.speculation.drafters) || [];
+    const label = drafters.length ? drafters.join(" + ") : "off on this server";
+    if ($("drafter").options[0].textContent !== label) $("drafter").options[0].textContent = label;
     const p = s.pool;
     const cachedOnly = p.num_evictable;
     const used = p.num_used;

@@ -241,11 +241,11 @@ impl ChatStream {
                 content: Some(String::new()),
                 ..ChunkDelta::default()
             };
-            queue.push_back(self.chunk(index, delta, None, None));
+            queue.push_back(self.chunk(index, delta, None, None, Vec::new()));
             // A forced tool call starts before the model's first token.
             let prefix = self.ctx.forced_prefix.clone();
             for piece in self.parsers[index].push(&prefix) {
-                queue.push_back(self.chunk(index, delta_of(piece), None, None));
+                queue.push_back(self.chunk(index, delta_of(piece), None, None, Vec::new()));
             }
         }
         let events = generate::merge(streams);
@@ -278,6 +278,7 @@ impl ChatStream {
         delta: ChunkDelta,
         finish_reason: Option<String>,
         logprobs: Option<ChatLogprobs>,
+        draft_depths: Vec<u8>,
     ) -> Bytes {
         sse::data(&ChatCompletionChunk {
             id: self.ctx.id.clone(),
@@ -289,6 +290,7 @@ impl ChatStream {
                 delta,
                 logprobs,
                 finish_reason,
+                draft_depths,
             }],
             usage: None,
             timings: None,
@@ -306,21 +308,27 @@ impl ChatStream {
                 token_ids,
                 logprobs,
                 top_logprobs,
+                draft_depths,
             } => {
                 self.clocks[index].tokens(&self.state.metrics, token_ids.len());
                 let pieces = self.parsers[index].push(&text);
                 let mut lp = (self.ctx.logprobs && !token_ids.is_empty())
                     .then(|| chat_logprobs(&self.state, &token_ids, &logprobs, &top_logprobs));
-                if pieces.is_empty() && lp.is_some() {
-                    queue.push_back(self.chunk(index, ChunkDelta::default(), None, lp.take()));
+                // Token-level annotations ride on the first chunk the tokens produce.
+                let mut depths = wire_draft_depths(&draft_depths);
+                if pieces.is_empty() && (lp.is_some() || !depths.is_empty()) {
+                    let depths = std::mem::take(&mut depths);
+                    let chunk = self.chunk(index, ChunkDelta::default(), None, lp.take(), depths);
+                    queue.push_back(chunk);
                 }
                 for piece in pieces {
-                    queue.push_back(self.chunk(index, delta_of(piece), None, lp.take()));
+                    let depths = std::mem::take(&mut depths);
+                    queue.push_back(self.chunk(index, delta_of(piece), None, lp.take(), depths));
                 }
             }
             EngineEvent::Finished { reason, usage } => {
                 for piece in self.parsers[index].finish() {
-                    queue.push_back(self.chunk(index, delta_of(piece), None, None));
+                    queue.push_back(self.chunk(index, delta_of(piece), None, None, Vec::new()));
                 }
                 let tool_calls = self.parsers[index].has_tool_calls();
                 let frame = ChatCompletionChunk {
@@ -333,6 +341,7 @@ impl ChatStream {
                         delta: ChunkDelta::default(),
                         logprobs: None,
                         finish_reason: Some(finish_reason(reason, tool_calls)),
+                        draft_depths: Vec::new(),
                     }],
                     usage: None,
                     timings: Some(generate::timings(&usage)),

@@ -5,7 +5,8 @@
 use super::errors::ApiError;
 use super::metrics::{Metrics, TokenClock};
 use super::types::{
-    CompletionTokensDetails, GenerationParams, MessageContent, PromptTokensDetails, Timings, Usage,
+    CompletionTokensDetails, DepthAcceptance, GenerationParams, MessageContent,
+    PromptTokensDetails, Timings, Usage,
 };
 use crate::engine::{Engine, EngineEvent, EventStream, GenerateRequest, Prompt};
 use crate::error::EngineError;
@@ -214,6 +215,7 @@ pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Colle
                 token_ids,
                 logprobs,
                 top_logprobs,
+                ..
             } => {
                 clock.tokens(metrics, token_ids.len());
                 out.text.push_str(&text);
@@ -280,6 +282,17 @@ pub fn timings(u: &EngineUsage) -> Timings {
         predicted_per_second: per_second(u.completion_tokens.saturating_sub(1), u.decode_ms),
         draft_n: u.draft_tokens,
         draft_n_accepted: u.accepted_draft_tokens,
+        draft_by_depth: u
+            .draft_by_depth
+            .iter()
+            .enumerate()
+            .take_while(|(_, [drafted, _])| *drafted > 0)
+            .map(|(d, &[drafted, accepted])| DepthAcceptance {
+                depth: d + 1,
+                drafted,
+                accepted,
+            })
+            .collect(),
     }
 }
 

@@ -74,6 +74,9 @@ pub enum EngineEvent {
         token_ids: Vec<u32>,
         logprobs: Vec<Option<f32>>,
         top_logprobs: Vec<Vec<(u32, f32)>>,
+        /// Per token, as in [`crate::scheduler::SeqEvent::Token`]: the depth of an accepted
+        /// speculative draft, or 0.
+        draft_depths: Vec<u8>,
     },
     Finished {
         reason: FinishReason,

@@ -133,6 +133,7 @@ impl SchedulerActor {
                         decode_ms: now.duration_since(first).as_secs_f64() * 1e3,
                         draft_tokens: a.sub.spec.num_drafted,
                         accepted_draft_tokens: a.sub.spec.num_accepted,
+                        draft_by_depth: a.sub.spec.by_depth,
                     },
                 }
             }
@@ -379,8 +380,10 @@ impl SchedulerActor {
             a.seq.num_pages = keep.div_ceil(page_size);
             a.page_ids.truncate(a.seq.num_pages);
         }
-        for sampled in verdict.emitted.into_iter().take(num_commit) {
-            if self.emit(id, sampled) {
+        for (i, sampled) in verdict.emitted.into_iter().take(num_commit).enumerate() {
+            // The first `num_accepted` emitted tokens are the accepted drafts, in order.
+            let draft_depth = if i < verdict.num_accepted { i + 1 } else { 0 };
+            if self.emit(id, sampled, draft_depth as u8) {
                 break;
             }
         }
@@ -411,15 +414,15 @@ impl SchedulerActor {
             .sample(out.logits_row(row), &TokenHistory::new(prompt, generated));
         match sampled {
             Ok(s) => {
-                self.emit(id, s);
+                self.emit(id, s, 0);
             }
             Err(e) => self.finish(id, Err(EngineError::InvalidRequest(e.to_string()))),
         }
     }
 
-    /// Commits one token: appends it, streams it, and finishes the sequence when it ends there
-    /// (then returns `true`).
-    fn emit(&mut self, id: SeqId, s: SampleOutput) -> bool {
+    /// Commits one token (`draft_depth` as in [`SeqEvent::Token`]): appends it, streams it, and
+    /// finishes the sequence when it ends there (then returns `true`).
+    fn emit(&mut self, id: SeqId, s: SampleOutput, draft_depth: u8) -> bool {
         let a = self.active.get_mut(&id).unwrap();
         a.seq.tokens.push(s.token);
         a.first_token_at.get_or_insert_with(Instant::now);
@@ -428,6 +431,7 @@ impl SchedulerActor {
             token_id: s.token,
             logprob: s.logprob,
             top_logprobs: s.top_logprobs,
+            draft_depth,
         });
         let reason = if self.stop_token_ids.contains(&s.token) {
             Some(FinishReason::Stop)

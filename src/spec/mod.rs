@@ -166,6 +166,7 @@ pub struct SeqSpec {
     num_idle_rounds: u32,
     pub num_drafted: usize,
     pub num_accepted: usize,
+    pub by_depth: crate::scheduler::DepthCounts,
 }
 
 /// After this many rounds with an adaptive depth of 0, draft one token to re-measure.
@@ -242,6 +243,10 @@ impl SeqSpec {
         }
         self.num_drafted += num_drafted;
         self.num_accepted += num_accepted;
+        for (d, counts) in self.by_depth.iter_mut().take(num_drafted).enumerate() {
+            counts[0] += 1;
+            counts[1] += u32::from(d < num_accepted);
+        }
     }
 }
 

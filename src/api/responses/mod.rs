@@ -18,7 +18,7 @@ use super::auth::Authorized;
 use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, Plan};
 use super::metrics::TokenClock;
-use super::types::GenerationParams;
+use super::types::{ErrorResponse, GenerationParams};
 use super::{sse, AppState};
 use crate::engine::{Engine, EngineEvent, EventStream, Prompt};
 use crate::scheduler::FinishReason;
@@ -219,10 +219,13 @@ pub async fn run(
             }
             Some(EngineEvent::Started { .. }) => {}
             Some(EngineEvent::Delta {
-                text, token_ids, ..
+                text,
+                token_ids,
+                draft_depths,
+                ..
             }) => {
                 clock.tokens(&state.metrics, token_ids.len());
-                for e in builder.push_text(&text) {
+                for e in builder.push_text(&text, &draft_depths) {
                     if !emit(e) {
                         return None;
                     }
@@ -274,6 +277,12 @@ fn sse_event(e: &ResponseEvent) -> Bytes {
 }
 
 /// Create a response.
+#[utoipa::path(post, path = "/v1/responses", request_body = ResponsesRequest, responses(
+    (status = 200, description = "The response object, or with `stream: true` a `text/event-stream` of `ResponseEvent`s", body = ResponseObject),
+    (status = 400, description = "Invalid request, unknown `previous_response_id`, hosted tools, or `context_length_exceeded`", body = ErrorResponse),
+    (status = 401, body = ErrorResponse),
+    (status = 503, body = ErrorResponse),
+))]
 pub async fn create_response(
     auth: Authorized,
     req: HttpRequest,
@@ -320,6 +329,11 @@ fn not_stored(id: &str) -> ApiError {
 }
 
 /// A stored response.
+#[utoipa::path(get, path = "/v1/responses/{id}", params(("id" = String, Path)), responses(
+    (status = 200, body = ResponseObject),
+    (status = 401, body = ErrorResponse),
+    (status = 404, body = ErrorResponse),
+))]
 pub async fn get_response(
     auth: Authorized,
     id: web::Path<String>,
@@ -333,6 +347,11 @@ pub async fn get_response(
 }
 
 /// Deletes a stored response (its conversation's later responses keep working).
+#[utoipa::path(delete, path = "/v1/responses/{id}", params(("id" = String, Path)), responses(
+    (status = 200, description = "`{\"id\", \"object\": \"response.deleted\", \"deleted\": true}`"),
+    (status = 401, body = ErrorResponse),
+    (status = 404, body = ErrorResponse),
+))]
 pub async fn delete_response(
     auth: Authorized,
     id: web::Path<String>,
