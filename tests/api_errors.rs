@@ -153,7 +153,7 @@ async fn context_length_exceeded_is_refused_before_inference_with_counts() {
 #[actix_rt::test]
 async fn an_api_key_guards_every_v1_route() {
     let mut config = test_config();
-    config.api_key = Some("sekret".into());
+    config.api_keys = vec!["sekret".into()];
     let s = TestServer::start(&TestModelSpec::default(), engine_cfg(), config).unwrap();
     for path in ["/v1/models", "/v1/models/test-model"] {
         let reply = get(&s.at(path)).await;
