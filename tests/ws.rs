@@ -482,3 +482,28 @@ async fn http_responses_stream_the_standard_events_and_match_json() {
     assert!(st["pool"]["num_pages"].as_u64().unwrap() > 0, "{st}");
     assert!(st["scheduler"]["num_running"].is_u64(), "{st}");
 }
+
+#[actix_rt::test]
+async fn the_ws_bench_session_reuses_its_kv_and_its_cold_peer_does_not() {
+    use mtpx::cli::bench_ws::{run_ws_bench, WsBench};
+    let s = server();
+    let opts = WsBench {
+        turns: 3,
+        tool_tokens: 60,
+        max_output_tokens: 4,
+        api_key: None,
+    };
+    let rows = run_ws_bench(&s.url, &opts).await.unwrap();
+    assert_eq!(rows.len(), 3);
+    let mut previous_input = 0;
+    for r in &rows {
+        assert!(r.input_tokens > previous_input, "{r:?}");
+        assert!(
+            r.cached_tokens + PAGE > previous_input,
+            "the session turn reused its KV: {r:?}"
+        );
+        assert!(r.cold_cached_tokens < PAGE, "the cold peer is cold: {r:?}");
+        assert!(r.session_ttft_ms > 0.0 && r.cold_ttft_ms > 0.0);
+        previous_input = r.input_tokens;
+    }
+}
