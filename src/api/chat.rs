@@ -33,8 +33,16 @@ struct ChatContext {
     /// Forced start of each reply (`tool_choice`), fed to the parser before the model's text.
     forced_prefix: String,
     single_call: bool,
+    tool_names: Vec<String>,
     logprobs: bool,
     include_usage: bool,
+}
+
+impl ChatContext {
+    fn tool_parser(&self) -> ToolCallParser {
+        ToolCallParser::new(self.parse_tools, self.single_call)
+            .with_tool_names(self.tool_names.clone())
+    }
 }
 
 /// Create a chat completion.
@@ -81,6 +89,7 @@ pub async fn chat_completions(
         parse_tools: prompt.parse_tools,
         forced_prefix: prompt.forced_prefix.clone(),
         single_call: prompt.single_call,
+        tool_names: prompt.tool_names.clone(),
         logprobs,
         include_usage: params
             .stream_options
@@ -115,7 +124,7 @@ fn response(
         .into_iter()
         .enumerate()
         .map(|(index, c)| {
-            let mut parser = ToolCallParser::new(ctx.parse_tools, ctx.single_call);
+            let mut parser = ctx.tool_parser();
             let mut pieces = parser.push(&ctx.forced_prefix);
             pieces.extend(parser.push(&c.text));
             pieces.extend(parser.finish());
@@ -218,9 +227,7 @@ struct ChatStream {
 impl ChatStream {
     fn new(ctx: ChatContext, state: web::Data<AppState>, num_choices: usize) -> Self {
         Self {
-            parsers: (0..num_choices)
-                .map(|_| ToolCallParser::new(ctx.parse_tools, ctx.single_call))
-                .collect(),
+            parsers: (0..num_choices).map(|_| ctx.tool_parser()).collect(),
             clocks: (0..num_choices).map(|_| TokenClock::start()).collect(),
             usages: vec![None; num_choices],
             ctx,

@@ -28,6 +28,7 @@
 //! needs it ([`auth`]), and session ids (`X-Session-Id`) are scoped to that key.
 
 pub mod auth;
+mod bare_tool_calls;
 pub mod chat;
 pub mod chat_prompt;
 pub mod completions;

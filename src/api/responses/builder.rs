@@ -50,11 +50,11 @@ pub struct Builder {
 
 impl Builder {
     /// `template`: the response object as created (status `in_progress`, no output).
-    pub fn new(template: ResponseObject, parse_tools: bool, single_call: bool) -> Self {
+    pub fn new(template: ResponseObject, parser: ToolCallParser) -> Self {
         Self {
             response: template,
             seq: 0,
-            parser: ToolCallParser::new(parse_tools, single_call),
+            parser,
             open: None,
             events: Vec::new(),
             draft_depths: Vec::new(),

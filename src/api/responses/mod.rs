@@ -18,6 +18,7 @@ use super::auth::Authorized;
 use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, Plan};
 use super::metrics::TokenClock;
+use super::tool_calls::ToolCallParser;
 use super::types::{ErrorResponse, GenerationParams};
 use super::{sse, AppState};
 use crate::engine::{Engine, EngineEvent, EventStream, Prompt};
@@ -43,6 +44,7 @@ pub struct Job {
     pub plan: Plan,
     pub parse_tools: bool,
     pub single_call: bool,
+    pub tool_names: Vec<String>,
     pub store: bool,
     /// The response object as created.
     pub template: ResponseObject,
@@ -87,6 +89,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
         .collect();
     let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
+    let tool_names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let (conversation_id, mut history) = match &req.previous_response_id {
         Some(prev) => {
             let entry = state
@@ -164,6 +167,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         plan,
         parse_tools: use_tools,
         single_call: req.parallel_tool_calls == Some(false),
+        tool_names,
         store,
         template,
     })
@@ -199,7 +203,9 @@ pub async fn run(
     if job.store {
         template.conversation = Some(json!({ "id": job.conversation_id }));
     }
-    let mut builder = Builder::new(template, job.parse_tools, job.single_call);
+    let parser = ToolCallParser::new(job.parse_tools, job.single_call)
+        .with_tool_names(job.tool_names.clone());
+    let mut builder = Builder::new(template, parser);
     for e in builder.start() {
         if !emit(e) {
             return None;
