@@ -232,7 +232,7 @@ impl ToolCallParser {
                 self.pending = self.block.split_off(consumed);
                 self.block.clear();
                 self.state = State::Text;
-                if !(self.single_call && !self.calls.is_empty()) {
+                if !self.single_call || self.calls.is_empty() {
                     self.push_whole_call(name, arguments, out);
                 }
                 true
