@@ -112,8 +112,9 @@ fn ttft_ms(t: &Turn) -> f64 {
 /// Runs the session against the server at `url`; returns one row per continuation turn.
 pub async fn run_ws_bench(url: &str, opts: &WsBench) -> Result<Vec<TurnFigures>> {
     let key = opts.api_key.as_deref();
+    // One connection for both: an idle socket answers no pings (it is not read), and the
+    // server drops peers that stay silent for two ping intervals.
     let mut session = ResponsesSocket::connect(url, key).await?;
-    let mut peer = ResponsesSocket::connect(url, key).await?;
     let first_input = vec![json!({"type": "message", "role": "user", "content": TASK})];
     let mut history = first_input.clone();
     let mut previous = session
@@ -138,7 +139,7 @@ pub async fn run_ws_bench(url: &str, opts: &WsBench) -> Result<Vec<TurnFigures>>
         history.extend(items);
         // The salt leads, so no page of the peer's prompt matches an earlier one.
         let salted = format!("[cold run {turn}-{}] {INSTRUCTIONS}", rand::random::<u32>());
-        let cold = peer
+        let cold = session
             .turn(&body(opts, &salted, history.clone(), None, false))
             .await
             .with_context(|| format!("cold peer of turn {turn}"))?;
@@ -162,7 +163,6 @@ pub async fn run_ws_bench(url: &str, opts: &WsBench) -> Result<Vec<TurnFigures>>
         previous = t.response;
     }
     let _ = session.close().await;
-    let _ = peer.close().await;
     Ok(rows)
 }
 
