@@ -134,6 +134,29 @@ impl<T: Copy + Default> Chunks<T> {
     fn bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.len()).sum::<usize>() * std::mem::size_of::<T>()
     }
+    /// Copies `len` elements from (chunk, offset) `from` to `to`.
+    fn copy(&mut self, from: (usize, usize), to: (usize, usize), len: usize) {
+        if from.0 == to.0 {
+            self.chunks[from.0].copy_within(from.1..from.1 + len, to.1);
+        } else {
+            let (a, b) = if from.0 < to.0 {
+                let (lo, hi) = self.chunks.split_at_mut(to.0);
+                (&lo[from.0], &mut hi[0])
+            } else {
+                let (lo, hi) = self.chunks.split_at_mut(from.0);
+                (&hi[0], &mut lo[to.0])
+            };
+            b[to.1..to.1 + len].copy_from_slice(&a[from.1..from.1 + len]);
+        }
+    }
+}
+
+/// Copy the first `num_slots` positions of page `src` into page `dst` (all layers and heads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCopy {
+    pub src: u32,
+    pub dst: u32,
+    pub num_slots: usize,
 }
 
 enum KvData {
@@ -248,6 +271,37 @@ impl KvStorage {
         }
     }
 
+    /// Copies the first `copy.num_slots` positions of page `copy.src` (every layer, K and V,
+    /// every head) into page `copy.dst`: the copy-on-write of a shared, partly reused page.
+    pub fn copy_slots(&mut self, copy: PageCopy) {
+        let (src, dst) = (copy.src as usize, copy.dst as usize);
+        self.ensure_page(src);
+        self.ensure_page(dst);
+        let shape = self.shape;
+        let ppc = self.pages_per_chunk;
+        let (src_chunk, dst_chunk) = (src / ppc, dst / ppc);
+        let n = copy.num_slots.min(shape.page_size);
+        for layer in 0..shape.num_layers {
+            for kind in [KvKind::Key, KvKind::Value] {
+                for head in 0..shape.num_kv_heads {
+                    let sb = shape.block_index(src % ppc, layer, kind, head);
+                    let db = shape.block_index(dst % ppc, layer, kind, head);
+                    let (s, d) = (sb * shape.head_block(), db * shape.head_block());
+                    let len = n * shape.head_dim;
+                    match &mut self.data {
+                        KvData::F16(c) => c.copy((src_chunk, s), (dst_chunk, d), len),
+                        KvData::F32(c) => c.copy((src_chunk, s), (dst_chunk, d), len),
+                        KvData::Q8 { values, scales } => {
+                            values.copy((src_chunk, s), (dst_chunk, d), len);
+                            let (s, d) = (sb * shape.page_size, db * shape.page_size);
+                            scales.copy((src_chunk, s), (dst_chunk, d), n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The rows of one head of K or V in one page, read in place.
     pub fn head_rows(&self, page_id: u32, layer: usize, kind: KvKind, head: usize) -> HeadRows<'_> {
         let page = page_id as usize;
@@ -310,6 +364,47 @@ mod tests {
                 .decode_into(3, 4, &mut out);
             for d in 0..4 {
                 assert!((out[8 + d] - k[d]).abs() < tol, "{dtype:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn copied_slots_read_back_equal_in_every_dtype_and_across_chunks() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Q8] {
+            let mut kv = KvStorage::new(shape(), dtype, 100_000);
+            let far = (kv.pages_per_chunk * 2 + 1) as u32; // another chunk
+            for (src, dst) in [(3u32, 5u32), (3, far), (far, 4)] {
+                for slot in 0..3 {
+                    for layer in 0..2 {
+                        let k: Vec<f32> = (0..8)
+                            .map(|i| (i + slot * 8 + layer) as f32 * 0.1)
+                            .collect();
+                        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                        kv.write_token(src, slot, layer, &k, &v);
+                        kv.write_token(dst, slot, layer, &[9.0; 8], &[9.0; 8]);
+                    }
+                }
+                kv.copy_slots(PageCopy {
+                    src,
+                    dst,
+                    num_slots: 2,
+                });
+                let (mut a, mut b) = (vec![0.0; 12], vec![0.0; 12]);
+                for layer in 0..2 {
+                    for kind in [KvKind::Key, KvKind::Value] {
+                        for head in 0..2 {
+                            kv.head_rows(src, layer, kind, head)
+                                .decode_into(3, 4, &mut a);
+                            kv.head_rows(dst, layer, kind, head)
+                                .decode_into(3, 4, &mut b);
+                            assert_eq!(a[..8], b[..8], "{dtype:?} copied slots");
+                            assert!(
+                                b[8..].iter().all(|&x| x == 9.0),
+                                "{dtype:?} slot 2 untouched"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ use super::events::{FinishReason, SeqEvent, Usage};
 use super::plan::{plan_step, Grant, SchedulerConfig, StepPlan};
 use super::sequence::{SeqId, Sequence};
 use crate::error::{EngineError, KvError};
-use crate::kv::pool_actor::{GetPoolStats, PagePoolActor};
+use crate::kv::pool_actor::{GetPoolStats, PagePoolActor, Release};
 use crate::kv::PageId;
 use crate::runner::batch::{ForwardOutput, OutputRows};
 use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep};
@@ -236,20 +236,26 @@ impl SchedulerActor {
             })
             .collect();
         let worker = self.worker.clone();
+        let pool = self.pool.clone();
         async move {
             let mut granted = Vec::new();
             let mut refused = Vec::new();
+            let mut copies = Vec::new();
             for (grant, start, tokens, grow) in grows {
                 match grow.await.map_err(EngineError::from).and_then(|r| r) {
-                    Ok(page_ids) => granted.push(Granted {
-                        grant,
-                        start,
-                        tokens,
-                        page_ids,
-                    }),
+                    Ok(grown) => {
+                        copies.extend(grown.copies);
+                        granted.push(Granted {
+                            grant,
+                            start,
+                            tokens,
+                            page_ids: grown.page_ids,
+                        })
+                    }
                     Err(e) => refused.push((grant.seq_id, e)),
                 }
             }
+            let copy_sources: Vec<PageId> = copies.iter().map(|c| c.src).collect();
             let steps: Vec<OwnedSeqStep> = granted
                 .iter()
                 .map(|g| OwnedSeqStep {
@@ -271,11 +277,18 @@ impl SchedulerActor {
                 let out = worker.send(Forward {
                     steps,
                     want_hidden: false,
+                    copies,
                 });
                 let out = out.await.map_err(EngineError::from).and_then(|r| r);
                 forward_time = started.elapsed();
                 Some(out)
             };
+            // The copies are done (or their sequences failed): their sources go back.
+            if !copy_sources.is_empty() {
+                pool.do_send(Release {
+                    page_ids: copy_sources,
+                });
+            }
             StepOutcome {
                 granted,
                 refused,

@@ -30,6 +30,8 @@ pub struct Outcome {
     pub cached_tokens: usize,
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// With `sampling.logprobs` on: the log-probability of each generated token.
+    pub logprobs: Vec<Option<f32>>,
     pub finish: Option<FinishReason>,
     pub usage: Usage,
     pub error: Option<EngineError>,
@@ -47,10 +49,14 @@ pub async fn drain(mut stream: EventStream) -> Outcome {
                 out.cached_tokens = cached_tokens;
             }
             EngineEvent::Delta {
-                text, token_ids, ..
+                text,
+                token_ids,
+                logprobs,
+                ..
             } => {
                 out.text.push_str(&text);
                 out.token_ids.extend(token_ids);
+                out.logprobs.extend(logprobs);
             }
             EngineEvent::Finished { reason, usage } => {
                 out.finish = Some(reason);
@@ -70,6 +76,27 @@ pub fn greedy_tokens(tokens: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     // last 9 ids of its vocabulary) so lengths are predictable.
     req.sampling.logit_bias = (503..512).map(|id| (id, -100.0)).collect();
     req
+}
+
+/// Greedy, with each token's log-probability: reused K/V that is slightly wrong shows in the
+/// log-probabilities long before it changes an argmax.
+pub fn greedy_with_logprobs(tokens: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    let mut req = greedy_tokens(tokens, max_tokens);
+    req.sampling.logprobs = true;
+    req
+}
+
+/// The same tokens with log-probabilities within `tol` of each other.
+pub fn assert_same_generation(a: &Outcome, b: &Outcome, tol: f32) {
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_eq!(a.logprobs.len(), b.logprobs.len());
+    for (i, (x, y)) in a.logprobs.iter().zip(&b.logprobs).enumerate() {
+        let (x, y) = (
+            x.expect("logprobs asked for"),
+            y.expect("logprobs asked for"),
+        );
+        assert!((x - y).abs() <= tol, "token {i}: logprob {x} vs {y}");
+    }
 }
 
 pub async fn run(engine: &Engine, req: GenerateRequest) -> Outcome {
