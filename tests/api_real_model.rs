@@ -1,15 +1,16 @@
 //! The HTTP API over a real pulled model (Qwen2.5-Coder-0.5B-Instruct): tool calls streamed as
-//! OpenAI deltas that reassemble into valid JSON. Needs `mtpx pull qwen2.5-coder-0.5b`
-//! (tests/run.sh does it).
-//!
-//! (The agent regression at a 24,576-token window with this model was tried and takes over
-//! 25 minutes on two cores — the attention of a 13K–20K-token prefill dominates — so it is not
-//! part of the suite; the same regression runs to 66,560 tokens on the test model.)
+//! OpenAI deltas that reassemble into valid JSON, and the agent regression (the session of
+//! `api_agent.rs`, shared through `fixtures/api/agent_session.rs`) at a 24,576-token window.
+//! Needs `mtpx pull qwen2.5-coder-0.5b` (tests/run.sh does it).
 
 #[path = "fixtures/agent.rs"]
 mod agent;
+#[path = "fixtures/api/agent_session.rs"]
+mod agent_session;
 #[path = "fixtures/api/client.rs"]
 mod client;
+
+use agent_session::{agent_session, AgentPlan};
 
 use client::*;
 use mtpx::api::testing::{test_config, TestServer};
@@ -144,4 +145,23 @@ async fn with_auto_a_request_that_needs_no_tool_gets_plain_content() {
     assert!(calls.is_empty(), "{calls:?}");
     assert!(content.split_whitespace().count() >= 5, "{content:?}");
     assert_ne!(finish.as_deref(), Some("tool_calls"));
+}
+
+/// The agent regression with the real model: a 3,400-token `write` call, then ~4,000-token tool
+/// results past 16,384 and 19,295 prompt tokens toward a 24,576-token window, every turn
+/// reusing the session's KV (each prefills only its new tokens, attending over the whole
+/// session), the over-window turn refused with its counts, no pages leaked.
+#[actix_rt::test]
+async fn qwen_agent_session_grows_past_16k_and_19k_to_a_24k_window() {
+    const WINDOW: usize = 24_576;
+    let s = server(WINDOW);
+    let plan = AgentPlan {
+        window: WINDOW,
+        tool_result_tokens: 4_000,
+        max_tokens: 16,
+        stop_within: 4_500,
+        min_last_prompt: 20_000,
+    };
+    agent_session(&s, &plan).await;
+    s.stop().await;
 }

@@ -1,8 +1,11 @@
 //! Paged attention equals naive contiguous attention computed in f64, over random page layouts,
-//! page sizes, GQA ratios, chunk shapes and all three KV element types.
+//! page sizes, GQA ratios, chunk shapes and all three KV element types, on every instruction-set
+//! path this CPU has, and with the keys of long sequences split across tasks (split-K).
 
+use mtpx::kernels::Dispatch;
 use mtpx::kv::{
-    paged_attention, AttentionRow, AttentionShape, KvDtype, KvShape, KvStorage, PagePool, PageTable,
+    paged_attention, paged_attention_with, AttentionRow, AttentionShape, KvDtype, KvShape,
+    KvStorage, PagePool, PageTable,
 };
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -30,130 +33,186 @@ fn tolerance(dtype: KvDtype) -> f64 {
     }
 }
 
+/// The worst error of `case` over every supported path, planned for 1, 2 and 8 threads (more
+/// planned threads split long sequences into more pieces).
 fn run_case(case: &Case) -> f64 {
-    let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
-    let hd = case.head_dim;
-    let kv_width = case.num_kv_heads * hd;
-    let shape = KvShape {
-        num_layers: 2,
-        num_kv_heads: case.num_kv_heads,
-        head_dim: hd,
-        page_size: case.page_size,
-    };
-    let total: usize = case.seqs.iter().map(|(c, n)| c + n).sum();
-    let num_pages = total.div_ceil(case.page_size) + case.seqs.len() + 8;
-    let mut pool = PagePool::new(num_pages, case.page_size);
-    // Scatter the pages: take some decoy pages first so tables are non-contiguous.
-    let decoys = pool.try_allocate(rng.random_range(0..4)).unwrap();
-    let mut storage = KvStorage::new(shape, case.dtype, num_pages);
-    let layer = 1;
-
-    let mut tables = Vec::new();
-    let mut keys = Vec::new(); // per seq: [len][kv_width]
-    let mut values = Vec::new();
-    for &(ctx, new) in &case.seqs {
-        let mut table = PageTable::new();
-        let len = ctx + new;
-        // Grow in random steps so page ids interleave between sequences.
-        let mut grown = 0;
-        while grown < len {
-            let step = rng.random_range(1..=len - grown);
-            table.try_grow(step, &mut pool).unwrap();
-            grown += step;
-        }
-        let k: Vec<f32> = (0..len * kv_width)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let v: Vec<f32> = (0..len * kv_width)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        for pos in 0..len {
-            let page = table.page_ids()[pos / case.page_size];
-            let slot = pos % case.page_size;
-            storage.write_token(
-                page,
-                slot,
-                layer,
-                &k[pos * kv_width..(pos + 1) * kv_width],
-                &v[pos * kv_width..(pos + 1) * kv_width],
-            );
-        }
-        tables.push(table);
-        keys.push(k);
-        values.push(v);
-    }
-    pool.release_all(&decoys).unwrap();
-
-    let mut rows = Vec::new();
-    for (seq, &(ctx, new)) in case.seqs.iter().enumerate() {
-        for i in 0..new {
-            rows.push(AttentionRow {
-                seq,
-                position: ctx + i,
-            });
+    let fx = Fixture::build(case);
+    let mut worst = 0f64;
+    for path in Dispatch::supported() {
+        for threads in [1, 2, 8] {
+            let out = fx.attend(Some((path, threads)), &fx.rows, &fx.q);
+            worst = worst.max(fx.max_error(&out));
         }
     }
-    let q: Vec<f32> = (0..rows.len() * case.num_heads * hd)
-        .map(|_| rng.random_range(-2.0..2.0))
-        .collect();
-    let mut out = vec![0f32; q.len()];
-    let table_refs: Vec<&[u32]> = tables.iter().map(|t| t.page_ids()).collect();
-    let attn_shape = AttentionShape {
-        num_heads: case.num_heads,
-        num_kv_heads: case.num_kv_heads,
-        head_dim: hd,
-    };
-    paged_attention(
-        &q,
-        &rows,
-        &table_refs,
-        &storage,
-        layer,
-        attn_shape,
-        &mut out,
-    );
+    worst
+}
 
-    let group = case.num_heads / case.num_kv_heads;
-    let mut max_err = 0f64;
-    for (r, row) in rows.iter().enumerate() {
-        for h in 0..case.num_heads {
-            let kvh = h / group;
-            let qv = &q[(r * case.num_heads + h) * hd..][..hd];
-            let scores: Vec<f64> = (0..=row.position)
-                .map(|t| {
-                    let kr = &keys[row.seq][t * kv_width + kvh * hd..][..hd];
-                    qv.iter()
-                        .zip(kr)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        / (hd as f64).sqrt()
-                })
+/// A case's pages, written, with its rows and queries and the f32 K/V they were written from.
+struct Fixture {
+    case_heads: (usize, usize, usize),
+    pool: PagePool,
+    storage: KvStorage,
+    tables: Vec<PageTable>,
+    /// Per sequence: `[len][kv_width]`.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    rows: Vec<AttentionRow>,
+    q: Vec<f32>,
+}
+
+const LAYER: usize = 1;
+
+impl Fixture {
+    fn build(case: &Case) -> Fixture {
+        let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
+        let hd = case.head_dim;
+        let kv_width = case.num_kv_heads * hd;
+        let shape = KvShape {
+            num_layers: 2,
+            num_kv_heads: case.num_kv_heads,
+            head_dim: hd,
+            page_size: case.page_size,
+        };
+        let total: usize = case.seqs.iter().map(|(c, n)| c + n).sum();
+        let num_pages = total.div_ceil(case.page_size) + case.seqs.len() + 8;
+        let mut pool = PagePool::new(num_pages, case.page_size);
+        // Scatter the pages: take some decoy pages first so tables are non-contiguous.
+        let decoys = pool.try_allocate(rng.random_range(0..4)).unwrap();
+        let mut storage = KvStorage::new(shape, case.dtype, num_pages);
+
+        let mut tables = Vec::new();
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for &(ctx, new) in &case.seqs {
+            let mut table = PageTable::new();
+            let len = ctx + new;
+            // Grow in random steps so page ids interleave between sequences.
+            let mut grown = 0;
+            while grown < len {
+                let step = rng.random_range(1..=len - grown);
+                table.try_grow(step, &mut pool).unwrap();
+                grown += step;
+            }
+            let k: Vec<f32> = (0..len * kv_width)
+                .map(|_| rng.random_range(-1.0..1.0))
                 .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let z: f64 = weights.iter().sum();
-            for d in 0..hd {
-                let want: f64 = weights
-                    .iter()
-                    .enumerate()
-                    .map(|(t, w)| w * values[row.seq][t * kv_width + kvh * hd + d] as f64)
-                    .sum::<f64>()
-                    / z;
-                let got = out[(r * case.num_heads + h) * hd + d] as f64;
-                max_err = max_err.max((got - want).abs());
+            let v: Vec<f32> = (0..len * kv_width)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            for pos in 0..len {
+                let page = table.page_ids()[pos / case.page_size];
+                let slot = pos % case.page_size;
+                storage.write_token(
+                    page,
+                    slot,
+                    LAYER,
+                    &k[pos * kv_width..(pos + 1) * kv_width],
+                    &v[pos * kv_width..(pos + 1) * kv_width],
+                );
+            }
+            tables.push(table);
+            keys.push(k);
+            values.push(v);
+        }
+        pool.release_all(&decoys).unwrap();
+
+        let mut rows = Vec::new();
+        for (seq, &(ctx, new)) in case.seqs.iter().enumerate() {
+            for i in 0..new {
+                rows.push(AttentionRow {
+                    seq,
+                    position: ctx + i,
+                });
             }
         }
+        let q: Vec<f32> = (0..rows.len() * case.num_heads * hd)
+            .map(|_| rng.random_range(-2.0..2.0))
+            .collect();
+        Fixture {
+            case_heads: (case.num_heads, case.num_kv_heads, hd),
+            pool,
+            storage,
+            tables,
+            keys,
+            values,
+            rows,
+            q,
+        }
     }
-    for mut t in tables {
-        t.release(&mut pool).unwrap();
+
+    /// Attention for `rows` (queries `q`); `how`: the path and planned thread count, or `None`
+    /// for [`paged_attention`]'s defaults.
+    fn attend(&self, how: Option<(Dispatch, usize)>, rows: &[AttentionRow], q: &[f32]) -> Vec<f32> {
+        let (num_heads, num_kv_heads, head_dim) = self.case_heads;
+        let shape = AttentionShape {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        };
+        let tables: Vec<&[u32]> = self.tables.iter().map(|t| t.page_ids()).collect();
+        let mut out = vec![0f32; q.len()];
+        let kv = &self.storage;
+        match how {
+            Some((path, threads)) => {
+                paged_attention_with(path, threads, q, rows, &tables, kv, LAYER, shape, &mut out)
+            }
+            None => paged_attention(q, rows, &tables, kv, LAYER, shape, &mut out),
+        }
+        out
     }
-    assert_eq!(pool.num_used(), 0);
-    max_err
+
+    /// Largest |out − f64 reference| over the fixture's rows.
+    fn max_error(&self, out: &[f32]) -> f64 {
+        let (num_heads, num_kv_heads, hd) = self.case_heads;
+        let kv_width = num_kv_heads * hd;
+        let group = num_heads / num_kv_heads;
+        let mut max_err = 0f64;
+        for (r, row) in self.rows.iter().enumerate() {
+            for h in 0..num_heads {
+                let kvh = h / group;
+                let qv = &self.q[(r * num_heads + h) * hd..][..hd];
+                let scores: Vec<f64> = (0..=row.position)
+                    .map(|t| {
+                        let kr = &self.keys[row.seq][t * kv_width + kvh * hd..][..hd];
+                        qv.iter()
+                            .zip(kr)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = weights.iter().sum();
+                let values = &self.values[row.seq];
+                for d in 0..hd {
+                    let want: f64 = weights
+                        .iter()
+                        .enumerate()
+                        .map(|(t, w)| w * values[t * kv_width + kvh * hd + d] as f64)
+                        .sum::<f64>()
+                        / z;
+                    let got = out[(r * num_heads + h) * hd + d] as f64;
+                    max_err = max_err.max((got - want).abs());
+                }
+            }
+        }
+        max_err
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for mut t in std::mem::take(&mut self.tables) {
+            t.release(&mut self.pool).unwrap();
+        }
+        assert_eq!(self.pool.num_used(), 0);
+    }
 }
 
 fn case_strategy() -> impl Strategy<Value = Case> {
     (
-        prop::sample::select(vec![1usize, 16, 64]),
+        prop::sample::select(vec![1usize, 5, 16, 64]),
         prop::sample::select(vec![(1usize, 1usize), (4, 4), (4, 2), (8, 1), (14, 2)]),
         prop::sample::select(vec![8usize, 16, 64]),
         prop::collection::vec((0usize..150, 1usize..40), 1..4),
@@ -204,5 +263,98 @@ fn decode_verify_and_prefill_rows_mixed_in_one_batch() {
         let err = run_case(&case);
         println!("{dtype:?}: max |paged - f64 reference| = {err:.2e}");
         assert!(err < tolerance(dtype), "{dtype:?}: {err}");
+    }
+}
+
+#[test]
+fn split_k_over_one_long_sequence_matches_the_reference() {
+    // One sequence deep in context, as in long-context decode and continuation prefill: planned
+    // for 2 and 8 threads its keys are split into pieces whose partial softmax states merge.
+    for (page_size, dtype, ctx, new) in [
+        (16, KvDtype::F16, 16_000, 1),
+        (16, KvDtype::Q8, 5_000, 9),
+        (16, KvDtype::F32, 3_000, 40),
+        (64, KvDtype::F16, 4_100, 1),
+        (5, KvDtype::F16, 2_600, 17),
+        (1, KvDtype::F32, 1_200, 3),
+    ] {
+        let case = Case {
+            page_size,
+            num_heads: 14,
+            num_kv_heads: 2,
+            head_dim: 64,
+            seqs: vec![(ctx, new)],
+            dtype,
+            seed: ctx as u64,
+        };
+        let err = run_case(&case);
+        println!("page {page_size}, {dtype:?}, {ctx}+{new}: max error {err:.2e}");
+        assert!(err < tolerance(dtype), "{case:?}: {err}");
+    }
+    // Split and unsplit sequences in one batch, GQA 8:1, head_dim 128.
+    let case = Case {
+        page_size: 16,
+        num_heads: 8,
+        num_kv_heads: 1,
+        head_dim: 128,
+        seqs: vec![(3_000, 1), (40, 2), (2_500, 20), (0, 5)],
+        dtype: KvDtype::F16,
+        seed: 11,
+    };
+    let err = run_case(&case);
+    assert!(err < tolerance(KvDtype::F16), "{err}");
+}
+
+#[test]
+fn the_default_entry_point_matches_the_reference() {
+    let case = Case {
+        page_size: 16,
+        num_heads: 14,
+        num_kv_heads: 2,
+        head_dim: 64,
+        seqs: vec![(4_000, 1), (300, 9)],
+        dtype: KvDtype::F16,
+        seed: 3,
+    };
+    let fx = Fixture::build(&case);
+    let err = fx.max_error(&fx.attend(None, &fx.rows, &fx.q));
+    assert!(err < tolerance(KvDtype::F16), "{err}");
+}
+
+#[test]
+fn a_row_is_bit_identical_alone_in_any_batch_and_any_split() {
+    // What greedy speculative decoding relies on: a verify row equals the decode row it stands
+    // for, and a row does not change with its neighbours or with how the keys are split.
+    let case = Case {
+        page_size: 16,
+        num_heads: 14,
+        num_kv_heads: 2,
+        head_dim: 64,
+        seqs: vec![(3_000, 9), (700, 1), (1_020, 30), (0, 5)],
+        dtype: KvDtype::F16,
+        seed: 5,
+    };
+    let fx = Fixture::build(&case);
+    let width = case.num_heads * case.head_dim;
+    for path in Dispatch::supported() {
+        let batch = fx.attend(Some((path, 2)), &fx.rows, &fx.q);
+        for threads in [1, 8] {
+            let again = fx.attend(Some((path, threads)), &fx.rows, &fx.q);
+            assert!(
+                batch == again,
+                "{path:?}: {threads} threads changed the batch"
+            );
+        }
+        for (r, row) in fx.rows.iter().enumerate() {
+            let q = &fx.q[r * width..(r + 1) * width];
+            for threads in [1, 2, 8] {
+                let alone = fx.attend(Some((path, threads)), &[*row], q);
+                assert!(
+                    alone[..] == batch[r * width..(r + 1) * width],
+                    "{path:?}: row {r} at {} differs alone ({threads} threads)",
+                    row.position
+                );
+            }
+        }
     }
 }

@@ -4,6 +4,8 @@
 //! - prefill tok/s for a 512-token prompt;
 //! - decode tok/s over 256 tokens (greedy) after that prompt;
 //! - decode tok/s at 16K context (the context is filled with synthetic K/V, not prefilled);
+//! - continuation prefill: `--continuation-tokens` new tokens appended after that long context,
+//!   against the same tokens prefilled fresh (the single-sequence form of a continuation's TTFT);
 //! - the time of a 9-row verify step relative to a 1-row decode step;
 //! - peak RSS.
 
@@ -27,6 +29,15 @@ pub struct BenchArgs {
     /// Context for the long-context decode figure (0 skips it).
     #[arg(long, default_value_t = 16_384)]
     pub long_context: usize,
+    /// New tokens prefilled after the long context, timed against the same tokens prefilled
+    /// fresh (0 skips it).
+    #[arg(long, default_value_t = 50)]
+    pub continuation_tokens: usize,
+    /// Only the long-context figures (decode and continuation at `--long-context`, against a
+    /// decode step and a fresh prefill at short context): skips the 512-token prefill, the
+    /// timed decode run and the verify step.
+    #[arg(long)]
+    pub long_only: bool,
     /// Rows of the verify step compared with a 1-row decode step.
     #[arg(long, default_value_t = 9)]
     pub verify_rows: usize,
@@ -93,55 +104,87 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let bundle = ModelBundle::load(&path)?;
     let model = &bundle.transformer;
     let mut prompt = Vec::new();
-    while prompt.len() < args.prompt_tokens {
+    while prompt.len() < args.prompt_tokens.max(args.continuation_tokens) {
         prompt.extend(bundle.encode(BENCH_TEXT)?);
     }
-    prompt.truncate(args.prompt_tokens);
     let (page, dtype) = (args.model.page_size, args.model.kv_dtype);
-
-    let capacity = args.prompt_tokens + args.decode_tokens + args.verify_rows + 1;
-    let mut seq = SingleSequence::new(model, capacity, page, dtype);
-    let t = Instant::now();
-    let mut logits = seq.append(&prompt, 512, false)?;
-    let prefill = t.elapsed();
-
-    let t = Instant::now();
-    for _ in 0..args.decode_tokens {
-        logits = seq.append(&[argmax(&logits)], 1, false)?;
-    }
-    let decode = t.elapsed();
-
-    let next = argmax(&logits);
-    let verify_tokens = vec![next; args.verify_rows];
-    let one_row = time_steps(&mut seq, &[next], false, args.repeats)?;
-    let verify = time_steps(&mut seq, &verify_tokens, true, args.repeats)?;
-
-    let long = if args.long_context > 0 {
-        let mut long_seq = SingleSequence::new(model, args.long_context + 2, page, dtype);
-        long_seq.fill_synthetic(args.long_context, next)?;
-        Some(time_steps(&mut long_seq, &[next], false, args.repeats)?)
-    } else {
-        None
-    };
-
-    let short_decode_tps = args.decode_tokens as f64 / decode.as_secs_f64();
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "model": path.display().to_string(),
         "threads": rayon::current_num_threads(),
         "kv_dtype": format!("{dtype:?}").to_lowercase(),
-        "prefill_tokens": args.prompt_tokens,
-        "prefill_tok_s": args.prompt_tokens as f64 / prefill.as_secs_f64(),
-        "decode_tokens": args.decode_tokens,
-        "decode_tok_s": short_decode_tps,
-        "decode_step_ms": one_row.as_secs_f64() * 1e3,
-        "verify_rows": args.verify_rows,
-        "verify_step_ms": verify.as_secs_f64() * 1e3,
-        "verify_over_decode": verify.as_secs_f64() / one_row.as_secs_f64(),
-        "long_context": args.long_context,
-        "long_context_decode_tok_s": long.map(|d| 1.0 / d.as_secs_f64()),
-        "long_over_short_decode": long.map(|d| (1.0 / d.as_secs_f64()) / short_decode_tps),
-        "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0),
     });
+
+    let next;
+    // Tokens per second of short-context decode, the yardstick of the long-context figure.
+    let short_decode_tps;
+    if args.long_only {
+        next = prompt[0];
+        let mut seq = SingleSequence::new(model, args.prompt_tokens + 2, page, dtype);
+        seq.fill_synthetic(args.prompt_tokens, next)?;
+        let one_row = time_steps(&mut seq, &[next], false, args.repeats)?;
+        short_decode_tps = 1.0 / one_row.as_secs_f64();
+        report["decode_step_ms"] = (one_row.as_secs_f64() * 1e3).into();
+        report["short_context"] = args.prompt_tokens.into();
+    } else {
+        let prompt = &prompt[..args.prompt_tokens];
+        let capacity = args.prompt_tokens + args.decode_tokens + args.verify_rows + 1;
+        let mut seq = SingleSequence::new(model, capacity, page, dtype);
+        let t = Instant::now();
+        let mut logits = seq.append(prompt, 512, false)?;
+        let prefill = t.elapsed();
+
+        let t = Instant::now();
+        for _ in 0..args.decode_tokens {
+            logits = seq.append(&[argmax(&logits)], 1, false)?;
+        }
+        let decode = t.elapsed();
+
+        next = argmax(&logits);
+        let verify_tokens = vec![next; args.verify_rows];
+        let one_row = time_steps(&mut seq, &[next], false, args.repeats)?;
+        let verify = time_steps(&mut seq, &verify_tokens, true, args.repeats)?;
+        short_decode_tps = args.decode_tokens as f64 / decode.as_secs_f64();
+        let extra = serde_json::json!({
+            "prefill_tokens": args.prompt_tokens,
+            "prefill_tok_s": args.prompt_tokens as f64 / prefill.as_secs_f64(),
+            "decode_tokens": args.decode_tokens,
+            "decode_tok_s": short_decode_tps,
+            "decode_step_ms": one_row.as_secs_f64() * 1e3,
+            "verify_rows": args.verify_rows,
+            "verify_step_ms": verify.as_secs_f64() * 1e3,
+            "verify_over_decode": verify.as_secs_f64() / one_row.as_secs_f64(),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            report[k] = v.clone();
+        }
+    }
+
+    if args.long_context > 0 {
+        let new = args.continuation_tokens;
+        let mut long_seq = SingleSequence::new(model, args.long_context + new + 2, page, dtype);
+        long_seq.fill_synthetic(args.long_context, next)?;
+        let long = time_steps(&mut long_seq, &[next], false, args.repeats)?;
+        report["long_context"] = args.long_context.into();
+        report["long_context_decode_tok_s"] = (1.0 / long.as_secs_f64()).into();
+        report["long_over_short_decode"] = ((1.0 / long.as_secs_f64()) / short_decode_tps).into();
+        if new > 0 {
+            let tokens = &prompt[..new];
+            let repeats = args.repeats.div_ceil(3).max(3);
+            let mut fresh_seq = SingleSequence::new(model, new + 1, page, dtype);
+            // Alternate the two so that load on a shared machine hits both alike.
+            let (mut cont, mut fresh) = (Vec::new(), Vec::new());
+            for _ in 0..repeats {
+                cont.push(time_steps(&mut long_seq, tokens, false, 1)?);
+                fresh.push(time_steps(&mut fresh_seq, tokens, false, 1)?);
+            }
+            let (cont, fresh) = (median(cont), median(fresh));
+            report["continuation_tokens"] = new.into();
+            report["continuation_ms"] = (cont.as_secs_f64() * 1e3).into();
+            report["fresh_prefill_ms"] = (fresh.as_secs_f64() * 1e3).into();
+            report["continuation_over_fresh"] = (cont.as_secs_f64() / fresh.as_secs_f64()).into();
+        }
+    }
+    report["peak_rss_mib"] = peak_rss_bytes().map(|b| b as f64 / 1048576.0).into();
     if args.json {
         println!("{report}");
     } else {
@@ -152,33 +195,57 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
 fn print_table(r: &serde_json::Value) {
     let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
+    let has = |k: &str| !r[k].is_null();
     println!(
         "model                      {}",
         r["model"].as_str().unwrap_or("?")
     );
     println!("threads                    {}", r["threads"]);
-    println!(
-        "prefill ({} tok)          {} tok/s",
-        r["prefill_tokens"],
-        f("prefill_tok_s")
-    );
-    println!(
-        "decode ({} tok)           {} tok/s",
-        r["decode_tokens"],
-        f("decode_tok_s")
-    );
-    println!(
-        "decode at {} ctx        {} tok/s ({}x of short)",
-        r["long_context"],
-        f("long_context_decode_tok_s"),
-        f("long_over_short_decode")
-    );
-    println!(
-        "verify step ({} rows)       {} ms vs decode step {} ms: {}x",
-        r["verify_rows"],
-        f("verify_step_ms"),
-        f("decode_step_ms"),
-        f("verify_over_decode")
-    );
+    if has("prefill_tokens") {
+        println!(
+            "prefill ({} tok)          {} tok/s",
+            r["prefill_tokens"],
+            f("prefill_tok_s")
+        );
+        println!(
+            "decode ({} tok)           {} tok/s",
+            r["decode_tokens"],
+            f("decode_tok_s")
+        );
+    }
+    if has("short_context") {
+        println!(
+            "decode step at {} ctx     {} ms",
+            r["short_context"],
+            f("decode_step_ms")
+        );
+    }
+    if has("long_context") {
+        println!(
+            "decode at {} ctx        {} tok/s ({}x of short)",
+            r["long_context"],
+            f("long_context_decode_tok_s"),
+            f("long_over_short_decode")
+        );
+    }
+    if has("continuation_tokens") {
+        println!(
+            "{} tok after {} ctx      {} ms vs fresh {} ms: {}x",
+            r["continuation_tokens"],
+            r["long_context"],
+            f("continuation_ms"),
+            f("fresh_prefill_ms"),
+            f("continuation_over_fresh")
+        );
+    }
+    if has("verify_rows") {
+        println!(
+            "verify step ({} rows)       {} ms vs decode step {} ms: {}x",
+            r["verify_rows"],
+            f("verify_step_ms"),
+            f("decode_step_ms"),
+            f("verify_over_decode")
+        );
+    }
     println!("peak RSS                   {} MiB", f("peak_rss_mib"));
 }

@@ -2,8 +2,12 @@
 //! three element types. Storage grows in chunks the first time a page in a new chunk is written,
 //! never past the pool's page count, so an idle server holds almost no KV memory.
 //!
-//! Layout inside a page, per layer and per K/V: `[kv_head][slot][head_dim]`, so that the rows of
-//! one head within a page are contiguous and attention reads them in place.
+//! Layout inside a page, per layer: V is `[kv_head][slot][head_dim]` and K is transposed,
+//! `[kv_head][head_dim][slot]`, so that one head's keys or values within a page are contiguous
+//! and attention reads them in place in the shapes its two products want: the scores of a block
+//! of keys are query lanes × `head_dim` times `head_dim` × keys (a row of K^T is consecutive
+//! keys, one SIMD vector at page size 16), and the weighted sum is lanes × keys times keys ×
+//! `head_dim` (a row of V is one key's values). Q8 keeps one scale per (token, head) either way.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -78,9 +82,6 @@ impl KvShape {
     pub fn token_bytes(&self, dtype: KvDtype) -> f64 {
         self.page_bytes(dtype) as f64 / self.page_size as f64
     }
-    fn block_index(&self, page_in_chunk: usize, layer: usize, kind: KvKind, head: usize) -> usize {
-        ((page_in_chunk * self.num_layers + layer) * 2 + kind as usize) * self.num_kv_heads + head
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +90,8 @@ pub enum KvKind {
     Value = 1,
 }
 
-/// One head's rows of K or V inside one page, `[slot][head_dim]`, read in place.
+/// One head's K or V inside one page, read in place: `[head_dim][page_size]` for K (transposed),
+/// `[page_size][head_dim]` for V. Q8 scales are per slot either way.
 #[derive(Clone, Copy)]
 pub enum HeadRows<'a> {
     F16(&'a [f16]),
@@ -98,24 +100,100 @@ pub enum HeadRows<'a> {
 }
 
 impl HeadRows<'_> {
-    /// Decodes the first `num_slots` rows into `out` (`[num_slots][head_dim]`).
-    pub fn decode_into(&self, num_slots: usize, head_dim: usize, out: &mut [f32]) {
-        let n = num_slots * head_dim;
-        match self {
-            HeadRows::F16(src) => src[..n].convert_to_f32_slice(&mut out[..n]),
-            HeadRows::F32(src) => out[..n].copy_from_slice(&src[..n]),
-            HeadRows::Q8 { values, scales } => {
-                for slot in 0..num_slots {
+    /// V: decodes the first `num_slots` rows (`[slot][head_dim]`) into `out`, one row every
+    /// `out_stride` elements (`out_stride >= head_dim`).
+    pub fn decode_rows(
+        &self,
+        num_slots: usize,
+        head_dim: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        if out_stride == head_dim {
+            let n = num_slots * head_dim;
+            match self {
+                HeadRows::F16(src) => return src[..n].convert_to_f32_slice(&mut out[..n]),
+                HeadRows::F32(src) => return out[..n].copy_from_slice(&src[..n]),
+                HeadRows::Q8 { .. } => {}
+            }
+        }
+        for slot in 0..num_slots {
+            let dst = &mut out[slot * out_stride..slot * out_stride + head_dim];
+            let at = slot * head_dim;
+            match self {
+                HeadRows::F16(src) => src[at..at + head_dim].convert_to_f32_slice(dst),
+                HeadRows::F32(src) => dst.copy_from_slice(&src[at..at + head_dim]),
+                HeadRows::Q8 { values, scales } => {
                     let scale = scales[slot];
-                    let row = &values[slot * head_dim..(slot + 1) * head_dim];
-                    let dst = &mut out[slot * head_dim..(slot + 1) * head_dim];
-                    for (d, &v) in dst.iter_mut().zip(row) {
+                    for (d, &v) in dst.iter_mut().zip(&values[at..at + head_dim]) {
                         *d = v as f32 * scale;
                     }
                 }
             }
         }
     }
+
+    /// K: decodes the first `num_slots` slots of every row of the transposed block
+    /// (`[head_dim][page_size]`) into `out[d * out_stride..][..num_slots]`.
+    pub fn decode_columns(
+        &self,
+        num_slots: usize,
+        head_dim: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let page_size = self.len() / head_dim;
+        for d in 0..head_dim {
+            let dst = &mut out[d * out_stride..d * out_stride + num_slots];
+            let at = d * page_size;
+            match self {
+                HeadRows::F16(src) => src[at..at + num_slots].convert_to_f32_slice(dst),
+                HeadRows::F32(src) => dst.copy_from_slice(&src[at..at + num_slots]),
+                HeadRows::Q8 { values, scales } => {
+                    for ((o, &v), &s) in dst.iter_mut().zip(&values[at..]).zip(scales.iter()) {
+                        *o = v as f32 * s;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks the CPU to start loading the block into cache (no-op off x86-64).
+    #[inline]
+    pub fn prefetch(&self) {
+        let bytes: &[u8] = match self {
+            HeadRows::F16(s) => bytes_of(s),
+            HeadRows::F32(s) => bytes_of(s),
+            HeadRows::Q8 { values, .. } => bytes_of(values),
+        };
+        #[cfg(target_arch = "x86_64")]
+        for at in (0..bytes.len()).step_by(64) {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_NTA};
+            // SAFETY: prefetching an address inside a live slice has no side effects. (The
+            // non-temporal hint measured best: the block is read once, soon.)
+            unsafe { _mm_prefetch::<_MM_HINT_NTA>(bytes.as_ptr().add(at).cast()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = bytes;
+    }
+
+    /// Elements in the block (`page_size * head_dim`).
+    pub fn len(&self) -> usize {
+        match self {
+            HeadRows::F16(s) => s.len(),
+            HeadRows::F32(s) => s.len(),
+            HeadRows::Q8 { values, .. } => values.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn bytes_of<T: Copy>(s: &[T]) -> &[u8] {
+    // SAFETY: any initialised `Copy` plain-old-data slice (f16, f32, i8) is readable as bytes.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
 }
 
 struct Chunks<T> {
@@ -222,12 +300,27 @@ impl KvStorage {
         self.max_pages * self.shape.page_bytes(self.dtype)
     }
 
+    /// The chunk holding `page` and the index of its (layer, kind, head) block in the chunk.
+    /// A chunk is laid out `[layer][head][page][kind]`, so that one head's K and V of
+    /// consecutive pages sit side by side and attention streams through them.
+    fn locate(&self, page: usize, layer: usize, kind: KvKind, head: usize) -> (usize, usize) {
+        let chunk = page / self.pages_per_chunk;
+        let pages_in_chunk = self.pages_in_chunk(chunk);
+        let page_in_chunk = page % self.pages_per_chunk;
+        let block = ((layer * self.shape.num_kv_heads + head) * pages_in_chunk + page_in_chunk) * 2
+            + kind as usize;
+        (chunk, block)
+    }
+
+    fn pages_in_chunk(&self, chunk: usize) -> usize {
+        self.pages_per_chunk
+            .min(self.max_pages - chunk * self.pages_per_chunk)
+    }
+
     fn ensure_page(&mut self, page_id: usize) {
         assert!(page_id < self.max_pages, "page {page_id} beyond the pool");
         let chunk = page_id / self.pages_per_chunk;
-        let pages_in_chunk = self
-            .pages_per_chunk
-            .min(self.max_pages - chunk * self.pages_per_chunk);
+        let pages_in_chunk = self.pages_in_chunk(chunk);
         let elems = pages_in_chunk * self.shape.page_elems();
         let scales = pages_in_chunk * self.shape.page_scales();
         match &mut self.data {
@@ -246,25 +339,42 @@ impl KvStorage {
         let page = page_id as usize;
         self.ensure_page(page);
         let shape = self.shape;
-        let chunk = page / self.pages_per_chunk;
-        let page_in_chunk = page % self.pages_per_chunk;
         let hd = shape.head_dim;
+        let page_size = shape.page_size;
         for (kind, src) in [(KvKind::Key, k), (KvKind::Value, v)] {
+            // V rows are contiguous; K is transposed, one element every `page_size`.
+            let (first, step) = match kind {
+                KvKind::Key => (slot, page_size),
+                KvKind::Value => (slot * hd, 1),
+            };
             for head in 0..shape.num_kv_heads {
-                let block = shape.block_index(page_in_chunk, layer, kind, head);
-                let at = block * shape.head_block() + slot * hd;
+                let (chunk, block) = self.locate(page, layer, kind, head);
+                let at = block * shape.head_block() + first;
                 let row = &src[head * hd..(head + 1) * hd];
+                let span = at..at + (hd - 1) * step + 1;
                 match &mut self.data {
-                    KvData::F16(c) => c.chunks[chunk][at..at + hd].convert_from_f32_slice(row),
-                    KvData::F32(c) => c.chunks[chunk][at..at + hd].copy_from_slice(row),
+                    KvData::F16(c) if step == 1 => {
+                        c.chunks[chunk][span].convert_from_f32_slice(row)
+                    }
+                    KvData::F16(c) => {
+                        for (d, &x) in c.chunks[chunk][span].iter_mut().step_by(step).zip(row) {
+                            *d = f16::from_f32(x);
+                        }
+                    }
+                    KvData::F32(c) => {
+                        for (d, &x) in c.chunks[chunk][span].iter_mut().step_by(step).zip(row) {
+                            *d = x;
+                        }
+                    }
                     KvData::Q8 { values, scales } => {
                         let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
                         let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
                         let inv = 1.0 / scale;
-                        for (d, &x) in values.chunks[chunk][at..at + hd].iter_mut().zip(row) {
+                        let dst = values.chunks[chunk][span].iter_mut().step_by(step);
+                        for (d, &x) in dst.zip(row) {
                             *d = (x * inv).round().clamp(-127.0, 127.0) as i8;
                         }
-                        scales.chunks[chunk][block * shape.page_size + slot] = scale;
+                        scales.chunks[chunk][block * page_size + slot] = scale;
                     }
                 }
             }
@@ -278,36 +388,40 @@ impl KvStorage {
         self.ensure_page(src);
         self.ensure_page(dst);
         let shape = self.shape;
-        let ppc = self.pages_per_chunk;
-        let (src_chunk, dst_chunk) = (src / ppc, dst / ppc);
-        let n = copy.num_slots.min(shape.page_size);
+        let (ps, hd) = (shape.page_size, shape.head_dim);
+        let n = copy.num_slots.min(ps);
         for layer in 0..shape.num_layers {
             for kind in [KvKind::Key, KvKind::Value] {
                 for head in 0..shape.num_kv_heads {
-                    let sb = shape.block_index(src % ppc, layer, kind, head);
-                    let db = shape.block_index(dst % ppc, layer, kind, head);
+                    let (sc, sb) = self.locate(src, layer, kind, head);
+                    let (dc, db) = self.locate(dst, layer, kind, head);
                     let (s, d) = (sb * shape.head_block(), db * shape.head_block());
-                    let len = n * shape.head_dim;
-                    match &mut self.data {
-                        KvData::F16(c) => c.copy((src_chunk, s), (dst_chunk, d), len),
-                        KvData::F32(c) => c.copy((src_chunk, s), (dst_chunk, d), len),
-                        KvData::Q8 { values, scales } => {
-                            values.copy((src_chunk, s), (dst_chunk, d), len);
-                            let (s, d) = (sb * shape.page_size, db * shape.page_size);
-                            scales.copy((src_chunk, s), (dst_chunk, d), n);
+                    // V rows are `[slot][head_dim]`: one run. K is `[head_dim][slot]`: a run of
+                    // `n` per dimension.
+                    let runs: Vec<(usize, usize, usize)> = match kind {
+                        KvKind::Value => vec![(s, d, n * hd)],
+                        KvKind::Key => (0..hd).map(|i| (s + i * ps, d + i * ps, n)).collect(),
+                    };
+                    for (s, d, len) in runs {
+                        match &mut self.data {
+                            KvData::F16(c) => c.copy((sc, s), (dc, d), len),
+                            KvData::F32(c) => c.copy((sc, s), (dc, d), len),
+                            KvData::Q8 { values, .. } => values.copy((sc, s), (dc, d), len),
                         }
+                    }
+                    if let KvData::Q8 { scales, .. } = &mut self.data {
+                        scales.copy((sc, sb * ps), (dc, db * ps), n);
                     }
                 }
             }
         }
     }
 
-    /// The rows of one head of K or V in one page, read in place.
+    /// One head of K (transposed) or V in one page, read in place.
     pub fn head_rows(&self, page_id: u32, layer: usize, kind: KvKind, head: usize) -> HeadRows<'_> {
         let page = page_id as usize;
         let shape = self.shape;
-        let chunk = page / self.pages_per_chunk;
-        let block = shape.block_index(page % self.pages_per_chunk, layer, kind, head);
+        let (chunk, block) = self.locate(page, layer, kind, head);
         let range = block * shape.head_block()..(block + 1) * shape.head_block();
         match &self.data {
             KvData::F16(c) => HeadRows::F16(&c.chunks[chunk][range]),
@@ -353,17 +467,20 @@ mod tests {
             let k: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 1.0).collect();
             let v: Vec<f32> = (0..8).map(|i| 2.0 - i as f32 * 0.5).collect();
             kv.write_token(3, 2, 1, &k, &v);
-            let mut out = vec![0.0; 12];
-            kv.head_rows(3, 1, KvKind::Value, 1)
-                .decode_into(3, 4, &mut out);
             let tol = if dtype == KvDtype::Q8 { 0.02 } else { 1e-3 };
+            // V rows, at a padded stride.
+            let mut out = vec![0.0; 3 * 6];
+            kv.head_rows(3, 1, KvKind::Value, 1)
+                .decode_rows(3, 4, &mut out, 6);
             for d in 0..4 {
-                assert!((out[8 + d] - v[4 + d]).abs() < tol, "{dtype:?}");
+                assert!((out[2 * 6 + d] - v[4 + d]).abs() < tol, "{dtype:?}");
             }
+            // K columns: slot 2 of every row, at a stride of 5.
+            let mut out = vec![0.0; 4 * 5];
             kv.head_rows(3, 1, KvKind::Key, 0)
-                .decode_into(3, 4, &mut out);
+                .decode_columns(3, 4, &mut out, 5);
             for d in 0..4 {
-                assert!((out[8 + d] - k[d]).abs() < tol, "{dtype:?}");
+                assert!((out[d * 5 + 2] - k[d]).abs() < tol, "{dtype:?}");
             }
         }
     }
@@ -393,10 +510,22 @@ mod tests {
                 for layer in 0..2 {
                     for kind in [KvKind::Key, KvKind::Value] {
                         for head in 0..2 {
-                            kv.head_rows(src, layer, kind, head)
-                                .decode_into(3, 4, &mut a);
-                            kv.head_rows(dst, layer, kind, head)
-                                .decode_into(3, 4, &mut b);
+                            // As `[slot][head_dim]` for both kinds.
+                            for (page, out) in [(src, &mut a), (dst, &mut b)] {
+                                let rows = kv.head_rows(page, layer, kind, head);
+                                match kind {
+                                    KvKind::Value => rows.decode_rows(3, 4, out, 4),
+                                    KvKind::Key => {
+                                        let mut t = vec![0.0; 12];
+                                        rows.decode_columns(3, 4, &mut t, 3);
+                                        for slot in 0..3 {
+                                            for d in 0..4 {
+                                                out[slot * 4 + d] = t[d * 3 + slot];
+                                            }
+                                        }
+                                    }
+                                }
+                            }
                             assert_eq!(a[..8], b[..8], "{dtype:?} copied slots");
                             assert!(
                                 b[8..].iter().all(|&x| x == 9.0),

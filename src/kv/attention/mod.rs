@@ -1,0 +1,555 @@
+//! Paged attention on the CPU for a ragged batch of query rows.
+//!
+//! Every query row belongs to one sequence and sits at one absolute position; it attends to all
+//! of that sequence's positions `0..=position`, read in place from the sequence's pages. That
+//! one rule covers prefill chunks (causal within the chunk, full attention to earlier pages),
+//! decode rows and runs of consecutive speculative verify rows. New K/V must already have been
+//! written to the pages before this runs.
+//!
+//! Work is split into tasks of (sequence, KV head, up to [`ROWS_PER_TASK`] consecutive rows, a
+//! range of key positions). A task's *lanes* are its rows × the query heads that share its KV
+//! head (GQA). It walks its keys in blocks of about [`BLOCK_KEYS`] (several pages): each block's
+//! K (stored transposed) and V are decoded once into f32 scratch, the scores of every lane
+//! against the block are one small register-blocked matmul (lanes × `head_dim` times
+//! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
+//! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
+//!
+//! Keys are grouped in segments of [`SEGMENT_KEYS`] absolute positions. A row whose keys span
+//! several segments gets one partial softmax state (max, sum, unnormalised output) per segment,
+//! and a merge pass folds them left to right. When there are fewer tasks than the threads can
+//! balance — decode at long context with one sequence and two KV heads — a task's segments are
+//! spread over several tasks (split-K, as in flash-decoding). Since block and segment
+//! boundaries are absolute positions and the fold order is fixed, a row's output is
+//! bit-for-bit the same whatever else is in the batch and however many threads the plan is for:
+//! a verify row equals the decode row it replaces.
+
+mod micro;
+
+use super::pool::PageId;
+use super::storage::{KvKind, KvStorage};
+use crate::kernels::math::exp_nonpositive;
+use crate::kernels::Dispatch;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Where one query row attends from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionRow {
+    /// Index into the page tables passed alongside.
+    pub seq: usize,
+    /// Absolute position of the row's token; it sees positions `0..=position`.
+    pub position: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Consecutive rows of one sequence that share a task (and so every K/V block they read).
+const ROWS_PER_TASK: usize = 16;
+/// Keys per block, rounded down to whole pages (at least one page).
+const BLOCK_KEYS: usize = 64;
+/// Keys per segment, rounded down to whole blocks: the unit of partial states and of split-K.
+const SEGMENT_KEYS: usize = 512;
+/// Split-K aims for at least this many tasks per thread, so that stealing can balance them.
+const TASKS_PER_THREAD: usize = 4;
+/// Lanes one microkernel call keeps in registers.
+const LANE_CHUNK: usize = micro::MAX_LANES;
+
+/// One unit of parallel work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Task {
+    kv_head: usize,
+    /// Consecutive row indices, all of one sequence.
+    rows: Range<usize>,
+    /// Key positions `keys.start..keys.end`, whole segments but the last (clipped to what the
+    /// rows see).
+    keys: Range<usize>,
+    /// For rows that span several segments: where segment 0's partial state goes in the
+    /// partials buffer (segment `i`'s is `i` states further).
+    partial: Option<usize>,
+}
+
+/// A (rows, KV head) whose rows span several segments, merged after the parallel pass.
+#[derive(Debug, Clone)]
+struct Multi {
+    kv_head: usize,
+    rows: Range<usize>,
+    /// Offset of segment 0's partial state.
+    at: usize,
+    segments: usize,
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    tasks: Vec<Task>,
+    merges: Vec<Multi>,
+    partials_len: usize,
+}
+
+/// A raw pointer shared by tasks that write disjoint slices.
+#[derive(Clone, Copy)]
+struct SharedPtr(*mut f32);
+unsafe impl Send for SharedPtr {}
+unsafe impl Sync for SharedPtr {}
+
+/// `q`: `[num_rows, num_heads, head_dim]`; `out`: same shape. Rows of one sequence must be
+/// consecutive in the batch for page reads to be shared; correctness does not depend on it.
+pub fn paged_attention(
+    q: &[f32],
+    rows: &[AttentionRow],
+    page_tables: &[&[PageId]],
+    kv: &KvStorage,
+    layer: usize,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    paged_attention_with(
+        Dispatch::active(),
+        rayon::current_num_threads(),
+        q,
+        rows,
+        page_tables,
+        kv,
+        layer,
+        shape,
+        out,
+    );
+}
+
+/// [`paged_attention`] on a given instruction-set path (`Scalar` runs the portable
+/// microkernels, `Avx2` and `Avx512` their own), planned for `threads` threads (which decides
+/// how far split-K goes, not the result; the work runs on the current rayon pool).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with(
+    path: Dispatch,
+    threads: usize,
+    q: &[f32],
+    rows: &[AttentionRow],
+    page_tables: &[&[PageId]],
+    kv: &KvStorage,
+    layer: usize,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    assert_eq!(q.len(), rows.len() * shape.num_heads * hd);
+    assert_eq!(out.len(), q.len());
+    assert_eq!(shape.num_heads % shape.num_kv_heads, 0);
+    assert!(path.is_supported(), "{path:?} is not supported by this CPU");
+    let page_size = kv.shape().page_size;
+    for row in rows {
+        assert!(
+            row.position < page_tables[row.seq].len() * page_size,
+            "row at {} past its pages",
+            row.position
+        );
+    }
+    let group = shape.num_heads / shape.num_kv_heads;
+    let plan = plan_tasks(rows, shape.num_kv_heads, group, hd, page_size, threads);
+    let mut partials = vec![0f32; plan.partials_len];
+    let out_ptr = SharedPtr(out.as_mut_ptr());
+    let partials_ptr = SharedPtr(partials.as_mut_ptr());
+    let ctx = Context {
+        path,
+        q,
+        rows,
+        page_tables,
+        kv,
+        layer,
+        shape,
+        group,
+    };
+    plan.tasks
+        .par_iter()
+        .for_each_init(Scratch::default, |scratch, task| {
+            attend_task(&ctx, task, scratch, out_ptr, partials_ptr);
+        });
+    for multi in &plan.merges {
+        merge(&ctx, multi, &partials, out);
+    }
+}
+
+/// Keys per block: whole pages, at least one.
+fn block_keys(page_size: usize) -> usize {
+    (BLOCK_KEYS / page_size).max(1) * page_size
+}
+
+/// Keys per segment: whole blocks, at least one.
+fn segment_keys(page_size: usize) -> usize {
+    let block = block_keys(page_size);
+    (SEGMENT_KEYS / block).max(1) * block
+}
+
+/// Lanes of a task of `num_rows` rows.
+fn lanes(num_rows: usize, group: usize) -> usize {
+    num_rows * group
+}
+
+/// Floats of one segment's partial state: max and sum per lane, then the unnormalised output.
+fn partial_len(lanes: usize, hd: usize) -> usize {
+    lanes * (2 + hd)
+}
+
+fn plan_tasks(
+    rows: &[AttentionRow],
+    num_kv_heads: usize,
+    group: usize,
+    hd: usize,
+    page_size: usize,
+    threads: usize,
+) -> Plan {
+    // Row chunks and how many keys each sees.
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    while start < rows.len() {
+        let seq = rows[start].seq;
+        let mut end = start + 1;
+        while end < rows.len() && rows[end].seq == seq && end - start < ROWS_PER_TASK {
+            end += 1;
+        }
+        let keys = rows[start..end].iter().map(|r| r.position).max().unwrap() + 1;
+        chunks.push((start..end, keys));
+        start = end;
+    }
+    let cost = |rows: &Range<usize>, keys: usize| (rows.len() * keys) as u64;
+    let total: u64 = chunks.iter().map(|(r, k)| cost(r, *k)).sum::<u64>() * num_kv_heads as u64;
+    let target = (total / (threads * TASKS_PER_THREAD) as u64).max(1);
+    let segment = segment_keys(page_size);
+
+    let mut plan = Plan::default();
+    for (rows, keys) in chunks {
+        let segments = keys.div_ceil(segment);
+        // Pieces by cost, in whole segments; one thread gains nothing from splitting.
+        let pieces = if threads > 1 {
+            (cost(&rows, keys).div_ceil(target) as usize).clamp(1, segments)
+        } else {
+            1
+        };
+        let per = segments.div_ceil(pieces) * segment;
+        let state = partial_len(lanes(rows.len(), group), hd);
+        for kv_head in 0..num_kv_heads {
+            let partial = (segments > 1).then(|| {
+                let at = plan.partials_len;
+                plan.partials_len += segments * state;
+                plan.merges.push(Multi {
+                    kv_head,
+                    rows: rows.clone(),
+                    at,
+                    segments,
+                });
+                at
+            });
+            for first in (0..keys).step_by(per) {
+                plan.tasks.push(Task {
+                    kv_head,
+                    rows: rows.clone(),
+                    keys: first..(first + per).min(keys),
+                    partial,
+                });
+            }
+        }
+    }
+    plan
+}
+
+struct Context<'a> {
+    path: Dispatch,
+    q: &'a [f32],
+    rows: &'a [AttentionRow],
+    page_tables: &'a [&'a [PageId]],
+    kv: &'a KvStorage,
+    layer: usize,
+    shape: AttentionShape,
+    group: usize,
+}
+
+/// Per-thread buffers, reused across tasks.
+#[derive(Default)]
+struct Scratch {
+    /// Scaled queries, `[lane][hdp]` (`hdp`: head_dim rounded up to 16, zero padded).
+    q: Vec<f32>,
+    /// A block of K, transposed: `[head_dim][bs]` (`bs`: block keys rounded up to 16).
+    kt: Vec<f32>,
+    /// A block of V: `[key][hdp]`, zero padded.
+    v: Vec<f32>,
+    /// Scores, then softmax weights: `[lane][bs]`.
+    s: Vec<f32>,
+    /// Unnormalised outputs: `[lane][hdp]`.
+    o: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// Keys of the current block each lane sees.
+    visible: Vec<usize>,
+}
+
+fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, partials: SharedPtr) {
+    let shape = ctx.shape;
+    let (hd, group) = (shape.head_dim, ctx.group);
+    let hdp = hd.next_multiple_of(16);
+    let page_size = ctx.kv.shape().page_size;
+    let lanes = lanes(task.rows.len(), group);
+    let bk = block_keys(page_size);
+    let bs = bk.next_multiple_of(16);
+    let segment = segment_keys(page_size);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let task_rows = &ctx.rows[task.rows.clone()];
+    let max_pos = task_rows.iter().map(|r| r.position).max().unwrap();
+    let key_end = task.keys.end.min(max_pos + 1);
+
+    // (Scratch lives for one call, so `hdp` is fixed and V's padding columns stay zero.)
+    if s.kt.len() < hd * bs {
+        s.kt.resize(hd * bs, 0.0);
+    }
+    if s.v.len() < bk * hdp {
+        s.v.resize(bk * hdp, 0.0);
+    }
+    s.q.clear();
+    s.q.resize(lanes * hdp, 0.0);
+    for (r, row_index) in task.rows.clone().enumerate() {
+        let src = &ctx.q[(row_index * shape.num_heads + task.kv_head * group) * hd..][..group * hd];
+        for g in 0..group {
+            let dst = &mut s.q[(r * group + g) * hdp..][..hd];
+            for (d, x) in dst.iter_mut().zip(&src[g * hd..(g + 1) * hd]) {
+                *d = x * scale;
+            }
+        }
+    }
+    s.s.resize(lanes * bs, 0.0);
+    s.visible.resize(lanes, 0);
+
+    for first in (task.keys.start..key_end).step_by(segment) {
+        s.o.clear();
+        s.o.resize(lanes * hdp, 0.0);
+        s.max.clear();
+        s.max.resize(lanes, f32::NEG_INFINITY);
+        s.sum.clear();
+        s.sum.resize(lanes, 0.0);
+        let end = (first + segment).min(key_end);
+        for kb in (first..end).step_by(bk) {
+            attend_block(ctx, task, s, kb, bk.min(end - kb), key_end);
+        }
+        match task.partial {
+            None => {
+                for lane in 0..lanes {
+                    let (r, g) = (lane / group, lane % group);
+                    let head = task.kv_head * group + g;
+                    let off = ((task.rows.start + r) * shape.num_heads + head) * hd;
+                    // SAFETY: a (row, head) whose keys fit one segment belongs to exactly one
+                    // task, so writes are disjoint, and `off + hd <= out.len()` (row < num_rows,
+                    // head < num_heads).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(off), hd) };
+                    let inv = 1.0 / s.sum[lane];
+                    for (d, a) in dst.iter_mut().zip(&s.o[lane * hdp..]) {
+                        *d = a * inv;
+                    }
+                }
+            }
+            Some(at) => {
+                let len = partial_len(lanes, hd);
+                // SAFETY: the plan gives every (rows, KV head, segment) its own `len` floats.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(partials.0.add(at + first / segment * len), len)
+                };
+                let (max, rest) = dst.split_at_mut(lanes);
+                let (sum, acc) = rest.split_at_mut(lanes);
+                max.copy_from_slice(&s.max);
+                sum.copy_from_slice(&s.sum);
+                for (lane, acc) in acc.chunks_exact_mut(hd).enumerate() {
+                    acc.copy_from_slice(&s.o[lane * hdp..lane * hdp + hd]);
+                }
+            }
+        }
+    }
+}
+
+/// Folds keys `kb..kb + nk` (whole pages from a page boundary) into the lanes' running state;
+/// pages up to `prefetch_end` may be prefetched.
+fn attend_block(
+    ctx: &Context,
+    task: &Task,
+    s: &mut Scratch,
+    kb: usize,
+    nk: usize,
+    prefetch_end: usize,
+) {
+    let (hd, group) = (ctx.shape.head_dim, ctx.group);
+    let hdp = hd.next_multiple_of(16);
+    let page_size = ctx.kv.shape().page_size;
+    let lanes = lanes(task.rows.len(), group);
+    let bk = block_keys(page_size);
+    let bs = bk.next_multiple_of(16);
+    let task_rows = &ctx.rows[task.rows.clone()];
+    let table = ctx.page_tables[task_rows[0].seq];
+    let kv = ctx.kv;
+
+    // Decode the block's pages.
+    let mut j = 0;
+    while j < nk {
+        let pos = kb + j;
+        debug_assert_eq!(pos % page_size, 0);
+        let page = table[pos / page_size];
+        let n = page_size.min(nk - j);
+        let keys = kv.head_rows(page, ctx.layer, KvKind::Key, task.kv_head);
+        micro::decode_columns(ctx.path, &keys, n, hd, &mut s.kt[j..], bs);
+        kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head)
+            .decode_rows(n, hd, &mut s.v[j * hdp..], hdp);
+        j += n;
+    }
+    // Let the next block's pages stream in while this one is computed.
+    let next = kb + nk;
+    if next < prefetch_end {
+        let last = (next + bk).min(prefetch_end) - 1;
+        for &page in &table[next / page_size..=last / page_size] {
+            for kind in [KvKind::Key, KvKind::Value] {
+                kv.head_rows(page, ctx.layer, kind, task.kv_head).prefetch();
+            }
+        }
+    }
+    for (r, row) in task_rows.iter().enumerate() {
+        let visible = (row.position + 1).saturating_sub(kb).min(nk);
+        s.visible[r * group..(r + 1) * group].fill(visible);
+    }
+
+    // Scores, lane chunk by lane chunk, only as far as the chunk sees.
+    for l0 in (0..lanes).step_by(LANE_CHUNK) {
+        let l1 = (l0 + LANE_CHUNK).min(lanes);
+        let keys = s.visible[l0..l1].iter().copied().max().unwrap();
+        if keys == 0 {
+            continue;
+        }
+        micro::scores(
+            ctx.path,
+            &s.q[l0 * hdp..l1 * hdp],
+            hdp,
+            hd,
+            &s.kt,
+            bs,
+            keys.next_multiple_of(16),
+            &mut s.s[l0 * bs..l1 * bs],
+            bs,
+        );
+    }
+
+    // Online softmax, once per lane per block.
+    for lane in 0..lanes {
+        let visible = s.visible[lane];
+        let row = &mut s.s[lane * bs..lane * bs + nk];
+        row[visible..].fill(0.0);
+        if visible == 0 {
+            continue;
+        }
+        let old = s.max[lane];
+        let (new_max, block_sum) = micro::softmax(ctx.path, &mut row[..visible], old);
+        let correction = exp_nonpositive(old - new_max);
+        if correction != 1.0 {
+            s.o[lane * hdp..(lane + 1) * hdp]
+                .iter_mut()
+                .for_each(|a| *a *= correction);
+        }
+        s.sum[lane] = s.sum[lane] * correction + block_sum;
+        s.max[lane] = new_max;
+    }
+
+    // Weighted values.
+    for l0 in (0..lanes).step_by(LANE_CHUNK) {
+        let l1 = (l0 + LANE_CHUNK).min(lanes);
+        let keys = s.visible[l0..l1].iter().copied().max().unwrap();
+        if keys == 0 {
+            continue;
+        }
+        micro::accumulate(
+            ctx.path,
+            &s.s[l0 * bs..l1 * bs],
+            bs,
+            &s.v,
+            hdp,
+            keys,
+            &mut s.o[l0 * hdp..l1 * hdp],
+        );
+    }
+}
+
+/// Folds the segments' partial states of a (rows, KV head) left to right into its output.
+fn merge(ctx: &Context, multi: &Multi, partials: &[f32], out: &mut [f32]) {
+    let (hd, group, nh) = (ctx.shape.head_dim, ctx.group, ctx.shape.num_heads);
+    let lanes = lanes(multi.rows.len(), group);
+    let len = partial_len(lanes, hd);
+    let states = &partials[multi.at..multi.at + multi.segments * len];
+    for lane in 0..lanes {
+        let (r, g) = (lane / group, lane % group);
+        let off = ((multi.rows.start + r) * nh + multi.kv_head * group + g) * hd;
+        let dst = &mut out[off..off + hd];
+        let (mut max, mut total) = (f32::NEG_INFINITY, 0f32);
+        dst.fill(0.0);
+        for state in states.chunks_exact(len) {
+            let m = state[lane];
+            // A segment none of whose keys the lane sees has max −inf and sum 0.
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let acc = &state[2 * lanes + lane * hd..2 * lanes + (lane + 1) * hd];
+            if max == f32::NEG_INFINITY {
+                // The first segment: taken as it is.
+                (max, total) = (m, state[lanes + lane]);
+                dst.copy_from_slice(acc);
+                continue;
+            }
+            let new_max = max.max(m);
+            let (a, b) = (exp_nonpositive(max - new_max), exp_nonpositive(m - new_max));
+            total = total * a + state[lanes + lane] * b;
+            for (d, x) in dst.iter_mut().zip(acc) {
+                *d = *d * a + x * b;
+            }
+            max = new_max;
+        }
+        let inv = 1.0 / total;
+        dst.iter_mut().for_each(|d| *d *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_rows(n: usize, position: usize) -> Vec<AttentionRow> {
+        (0..n).map(|i| AttentionRow { seq: i, position }).collect()
+    }
+
+    #[test]
+    fn one_long_sequence_is_split_across_threads() {
+        let plan = plan_tasks(&decode_rows(1, 16_383), 2, 7, 64, 16, 2);
+        assert_eq!(plan.tasks.len(), 8, "{plan:?}");
+        assert_eq!(plan.merges.len(), 2);
+        for multi in &plan.merges {
+            assert_eq!(multi.segments, 32);
+        }
+        // The pieces of a head cover every key once, in whole segments.
+        let head0: Vec<_> = plan.tasks.iter().filter(|t| t.kv_head == 0).collect();
+        assert_eq!(head0[0].keys.start, 0);
+        for w in head0.windows(2) {
+            assert_eq!(w[0].keys.end, w[1].keys.start);
+            assert_eq!(w[1].keys.start % SEGMENT_KEYS, 0);
+        }
+        assert_eq!(head0.last().unwrap().keys.end, 16_384);
+    }
+
+    #[test]
+    fn many_sequences_or_one_thread_are_not_split() {
+        // Every sequence spans 8 segments (so is merged), but each runs as one task per head.
+        let plan = plan_tasks(&decode_rows(16, 4000), 2, 7, 64, 16, 2);
+        assert_eq!(plan.tasks.len(), 32);
+        assert_eq!(plan.merges.len(), 32);
+        let plan = plan_tasks(&decode_rows(1, 30_000), 2, 7, 64, 16, 1);
+        assert_eq!(plan.tasks.len(), 2);
+        // A context within one segment needs no partial state at all.
+        let plan = plan_tasks(&decode_rows(1, 500), 2, 7, 64, 16, 2);
+        assert_eq!(
+            (plan.tasks.len(), plan.merges.len(), plan.partials_len),
+            (2, 0, 0)
+        );
+    }
+}
