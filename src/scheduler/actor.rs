@@ -82,8 +82,10 @@ pub struct SchedulerActor {
 struct StepTally {
     /// Time of the draft-model round before the forward (zero without one).
     draft_time: Duration,
-    /// The round drafted something (not only catching up).
+    /// The round drafted something.
     model_drafted: bool,
+    /// The round also brought a sequence far behind up to date (a one-off per turn).
+    draft_catch_up: bool,
     /// Some grant prefilled prompt tokens (such steps are not comparable).
     prefill: bool,
     /// Some grant verified drafts.
@@ -278,14 +280,13 @@ impl SchedulerActor {
             return;
         };
         self.tally.draft_time = elapsed;
-        let mut caught_up = false;
+        self.tally.draft_catch_up = reply.num_catch_up_rows > 0;
         for (id, drafted) in ids.into_iter().zip(reply.results) {
             let Some(a) = self.active.get_mut(&id) else {
                 continue;
             };
             if drafted.drafts.is_empty() {
                 a.sub.spec.source = None;
-                caught_up |= drafted.refused.is_none();
                 continue;
             }
             self.tally.model_drafted = true;
@@ -293,7 +294,7 @@ impl SchedulerActor {
             a.draft_probs = drafted.probs;
         }
         if let Some(c) = self.draft_costs.as_mut() {
-            if self.tally.model_drafted && !caught_up {
+            if self.tally.model_drafted && !self.tally.draft_catch_up {
                 c.observe_draft_round(reply.elapsed, reply.num_forwards);
             }
         }
@@ -306,7 +307,8 @@ impl SchedulerActor {
             return;
         };
         let committed = (self.stats.tokens_generated - t.tokens_before) as usize;
-        if !t.prefill {
+        // Prefill steps and a turn's one-off draft catch-up are not comparable.
+        if !t.prefill && !t.draft_catch_up {
             if t.model_drafted {
                 c.observe_speculative(t.draft_time + forward_time, committed);
             } else if !t.verified && t.draft_time.is_zero() {

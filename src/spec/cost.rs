@@ -166,10 +166,12 @@ impl DraftModelCosts {
         }
         self.spec_token_s
             .observe(step.as_secs_f64() / num_committed as f64);
-        if self.spec_token_s.num_samples() >= MIN_SPEC_STEPS
-            && self.spec_token_s.value() > self.plain_token_s.value()
-        {
-            self.pause();
+        if self.spec_token_s.num_samples() >= MIN_SPEC_STEPS {
+            if self.spec_token_s.value() > self.plain_token_s.value() {
+                self.pause();
+            } else {
+                self.next_pause = FIRST_PAUSE;
+            }
         }
     }
 

@@ -87,6 +87,9 @@ pub struct DraftReply {
     /// One per ask, in order.
     pub results: Vec<Drafted>,
     pub num_forwards: usize,
+    /// Rows computed to bring sequences far behind up to date (a new prompt): a one-off cost
+    /// per turn that says nothing about what drafting costs per token.
+    pub num_catch_up_rows: usize,
     /// Time spent in this round's forwards and sampling.
     pub elapsed: Duration,
 }
@@ -202,13 +205,16 @@ impl DraftWorker {
         let protected: HashSet<DraftKey> = asks.iter().map(|a| a.key.clone()).collect();
         let mut results = vec![Drafted::default(); asks.len()];
         let mut live = Vec::new();
+        let mut num_catch_up_rows = 0;
         let mut catch_up_budget = MAX_CATCH_UP_ROWS;
         for (i, ask) in asks.iter().enumerate() {
+            let before = catch_up_budget;
             match self.prepare(i, ask, &mut catch_up_budget, &protected) {
                 Ok(Some(l)) => live.push(l),
                 Ok(None) => {}
                 Err(e) => results[i].refused = Some(e),
             }
+            num_catch_up_rows += before - catch_up_budget;
         }
         let mut done = Vec::new();
         let mut num_forwards = 0;
@@ -239,6 +245,7 @@ impl DraftWorker {
         DraftReply {
             results,
             num_forwards,
+            num_catch_up_rows,
             elapsed: started.elapsed(),
         }
     }
@@ -273,9 +280,10 @@ impl DraftWorker {
         let num_feed = if missing <= MAX_DEPTH + 1 {
             missing
         } else {
-            missing.min(*catch_up_budget)
+            let n = missing.min(*catch_up_budget);
+            *catch_up_budget -= n;
+            n
         };
-        *catch_up_budget = catch_up_budget.saturating_sub(num_feed);
         if num_feed == 0 {
             return Ok(None);
         }
