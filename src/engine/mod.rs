@@ -23,9 +23,8 @@ use crate::scheduler::{
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
 use crate::spec::cost::{measure_row_cost, measure_step, DraftModelCosts};
-use crate::spec::draft_model::{
-    check_same_vocabulary, ClearIdleDrafts, DraftWorker, GetDraftPoolStats,
-};
+use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
+use crate::spec::drafter_kv::{ClearIdleDrafts, GetDraftPoolStats};
 use crate::spec::{DraftSource::DraftModel, SeqSpec, SpecConfig};
 use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
 use actix::prelude::*;

@@ -17,9 +17,8 @@ use crate::sampling::{Distribution, SampleOutput, Sampler, TokenHistory};
 use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
 use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor, Truncate};
 use crate::spec::cost::DraftModelCosts;
-use crate::spec::draft_model::{
-    BeginDraft, DraftAsk, DraftKey, DraftReply, DraftRound, DraftWorker, EndDraft,
-};
+use crate::spec::draft_model::{DraftAsk, DraftRound, DraftWorker};
+use crate::spec::drafter_kv::{BeginDraft, DraftKey, DraftReply, EndDraft};
 use crate::spec::{self, DraftSource, Proposal, SeqSpec, SpecConfig, SpecCounters};
 use actix::prelude::*;
 use std::collections::HashMap;

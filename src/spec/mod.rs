@@ -12,6 +12,7 @@
 pub mod cost;
 pub mod depth;
 pub mod draft_model;
+pub mod drafter_kv;
 pub mod ngram;
 mod seq;
 pub mod verify;
