@@ -106,6 +106,48 @@ async fn a_prediction_of_another_type_is_refused() {
     assert_eq!(reply.error()["param"], "prediction.type");
 }
 
+#[actix_rt::test]
+async fn the_speculative_field_takes_a_drafter_name_and_refuses_others() {
+    let s = server();
+    let url = s.at("/v1/chat/completions");
+    let plain = post(&url, &chat(json!({"speculative": false})))
+        .await
+        .json();
+    let ngram = post(&url, &chat(json!({"speculative": "ngram"}))).await;
+    assert_eq!(ngram.status, 200);
+    let ngram = ngram.json();
+    assert_eq!(
+        ngram["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+    for (value, needle) in [
+        (json!("eagle"), "got \"eagle\""),
+        (json!("draft"), "--draft-model"),
+        (json!("mtp"), "MTP"),
+        (json!(3), "speculative"),
+    ] {
+        let reply = post(&url, &chat(json!({ "speculative": value }))).await;
+        assert_eq!(reply.status, 400, "{value}");
+        let error = reply.error();
+        assert!(
+            error["message"].as_str().unwrap().contains(needle),
+            "{error}"
+        );
+        assert!(
+            error["param"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("speculative"),
+            "{error}"
+        );
+    }
+    let stats = get(&s.at("/v1/stats")).await.json();
+    assert_eq!(
+        stats["speculation"]["drafters"],
+        json!(["prediction", "ngram"])
+    );
+}
+
 /// Streamed chunks mark accepted drafts per token (`draft_depths`), and the final timings
 /// break the drafts down by depth, consistently with the totals.
 fn check_draft_marks(events: &[Value], accepted: u64) {

@@ -6,13 +6,14 @@ use super::errors::ApiError;
 use super::metrics::{Metrics, TokenClock};
 use super::types::{
     CompletionTokensDetails, DepthAcceptance, GenerationParams, MessageContent,
-    PromptTokensDetails, Timings, Usage,
+    PromptTokensDetails, Speculative, Timings, Usage,
 };
 use crate::engine::{Engine, EngineEvent, EventStream, GenerateRequest, Prompt};
 use crate::error::EngineError;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use crate::session::SessionKey;
+use crate::spec::{DraftSource, SpecChoice};
 use actix_web::HttpRequest;
 
 /// The most choices one request may ask for.
@@ -33,7 +34,7 @@ pub struct Plan {
     pub num_choices: usize,
     /// The predicted output's text (a source of drafts).
     pub prediction: Option<String>,
-    pub speculative: Option<bool>,
+    pub speculative: Option<SpecChoice>,
 }
 
 /// Validates the shared fields. `logprobs`/`top_logprobs` come from the endpoint's own fields.
@@ -79,7 +80,26 @@ pub fn plan(
         session,
         num_choices,
         prediction: prediction_text(p)?,
-        speculative: p.speculative,
+        speculative: speculative_choice(p)?,
+    })
+}
+
+/// The `speculative` field: `true`, `false`, or a drafter's name.
+fn speculative_choice(p: &GenerationParams) -> Result<Option<SpecChoice>, ApiError> {
+    Ok(match &p.speculative {
+        None => None,
+        Some(Speculative::Switch(on)) => Some((*on).into()),
+        Some(Speculative::Drafter(name)) => match DraftSource::from_name(name) {
+            Some(source) => Some(SpecChoice::Only(source)),
+            None => {
+                return Err(ApiError::invalid(
+                    Some("speculative"),
+                    format!(
+                        "`speculative` must be true, false or a drafter's name (\"ngram\", \"prediction\", \"mtp\", \"draft\"), got \"{name}\""
+                    ),
+                ))
+            }
+        },
     })
 }
 
@@ -169,6 +189,13 @@ pub fn session_key(req: &HttpRequest, scope: &str) -> Result<Option<SessionKey>,
 /// Choice `i` gets seed `seed + i`; only choice 0 continues the session.
 pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>, ApiError> {
     let mut streams = Vec::with_capacity(plan.num_choices);
+    if let Some(choice) = plan.speculative {
+        engine
+            .info()
+            .speculative
+            .drafters_for(choice)
+            .map_err(|m| ApiError::invalid(Some("speculative"), m))?;
+    }
     let prediction = match &plan.prediction {
         Some(text) => Some(
             engine

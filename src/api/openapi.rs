@@ -32,7 +32,7 @@ use utoipa::{Modify, OpenApi};
     components(schemas(
         ChatCompletionRequest, ChatMessage, Role, MessageContent, ContentPart, Tool, FunctionDef,
         ToolChoice, NamedToolChoice, FunctionName, ToolCall, FunctionCall, GenerationParams,
-        StopSpec, StreamOptions, CompletionRequest, PromptInput, ChatCompletionResponse,
+        StopSpec, Speculative, StreamOptions, CompletionRequest, PromptInput, ChatCompletionResponse,
         ChatChoice, AssistantMessage, ChatLogprobs, TokenLogprob, TopLogprob, ChatCompletionChunk,
         ChunkChoice, ChunkDelta, ToolCallDelta, FunctionCallDelta, CompletionResponse,
         CompletionChoice, CompletionLogprobs, Usage, PromptTokensDetails, Timings, ModelObject,

@@ -110,6 +110,8 @@ impl ServeArgs {
             max_queue: self.max_queue,
             session_ttl: Duration::from_secs(self.session_ttl),
             speculative: self.spec.config(),
+            // Resolved (and pulled if need be) by the loader thread.
+            draft_model: None,
         }
     }
 
@@ -191,17 +193,24 @@ async fn run(args: ServeArgs) -> Result<()> {
     let handle = server.handle();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let name = args.model.model.clone();
+    let spec_args = args.spec.clone();
     std::thread::spawn(move || {
         let loaded = crate::pull::resolve_model(&name, true).and_then(|path| {
-            ModelBundle::load(&path).with_context(|| format!("loading {}", path.display()))
+            let bundle =
+                ModelBundle::load(&path).with_context(|| format!("loading {}", path.display()))?;
+            let draft = spec_args
+                .draft_model_path()
+                .context("resolving --draft-model")?;
+            Ok((bundle, draft))
         });
         let _ = tx.send(loaded);
     });
-    let engine_cfg = args.engine_config();
+    let mut engine_cfg = args.engine_config();
     let fail = failure.clone();
     actix_rt::spawn(async move {
         let started = match rx.await {
-            Ok(Ok(bundle)) => {
+            Ok(Ok((bundle, draft))) => {
+                engine_cfg.draft_model = draft;
                 let detokenizer = detokenizer_of(&bundle);
                 Engine::start(bundle, engine_cfg.clone()).map(|engine| (engine, detokenizer))
             }
@@ -255,7 +264,8 @@ fn log_config(model_id: &str, engine: &Engine, cfg: &EngineConfig) {
     let info = engine.info();
     tracing::info!(
         "ready: model {model_id} ({}), context window {} tokens (model {}), KV {:.1} MiB = {} pages × {} tokens ({:?}), \
-         max batch tokens {}, max seqs {}, prefill chunk {}, max queue {}, session TTL {} s",
+         max batch tokens {}, max seqs {}, prefill chunk {}, max queue {}, session TTL {} s; \
+         drafters {:?} (draft model {:?})",
         info.model_path,
         info.context_window,
         info.model_context_length,
@@ -267,7 +277,9 @@ fn log_config(model_id: &str, engine: &Engine, cfg: &EngineConfig) {
         cfg.max_seqs,
         cfg.prefill_chunk,
         cfg.max_queue,
-        cfg.session_ttl.as_secs()
+        cfg.session_ttl.as_secs(),
+        info.drafters,
+        info.draft_model_path
     );
 }
 

@@ -51,14 +51,11 @@ pub async fn stats(
         },
         "session": session,
         "stored_responses": state.responses.len(),
-        // The drafters this server runs (a request may only turn speculation off).
+        // The drafters this server runs (a request may turn speculation off or pick one).
         "speculation": {
-            "enabled": info.spec_row_cost.is_some(),
-            "drafters": if info.spec_row_cost.is_some() {
-                crate::spec::DraftSource::ALL.iter().map(|s| s.name()).collect()
-            } else {
-                Vec::new()
-            },
+            "enabled": !info.drafters.is_empty(),
+            "drafters": info.drafters,
+            "draft_model": info.draft_model_path,
         },
     })))
 }

@@ -37,8 +37,17 @@ pub struct GenerationParams {
     /// OpenAI Predicted Outputs: text the reply is expected to largely repeat (a file being
     /// edited); used as a source of speculative drafts. Never changes the output.
     pub prediction: Option<Prediction>,
-    /// `false` turns speculative decoding off for this request (mtpx extension).
-    pub speculative: Option<bool>,
+    /// mtpx extension: `false` turns speculative decoding off for this request; a drafter's
+    /// name (`"ngram"`, `"prediction"`, `"mtp"`, `"draft"`) restricts it to that drafter.
+    pub speculative: Option<Speculative>,
+}
+
+/// The request field `speculative`: on/off, or one drafter by name.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Speculative {
+    Switch(bool),
+    Drafter(String),
 }
 
 /// `{"type": "content", "content": "..." | [{"type": "text", "text": "..."}]}`.

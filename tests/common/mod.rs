@@ -24,6 +24,34 @@ pub fn start_engine(spec: &TestModelSpec, cfg: EngineConfig) -> TestEngine {
     }
 }
 
+/// An engine over the test model `spec` with a second generated model `draft` drafting for it.
+pub fn start_engine_with_draft(
+    spec: &TestModelSpec,
+    draft: &TestModelSpec,
+    mut cfg: EngineConfig,
+) -> TestEngine {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_test_model(dir.path(), spec).unwrap();
+    cfg.draft_model = Some(write_test_model(&dir.path().join("draft"), draft).unwrap());
+    let bundle = ModelBundle::load(&path).unwrap();
+    TestEngine {
+        engine: Engine::start(bundle, cfg).unwrap(),
+        _dir: dir,
+    }
+}
+
+/// A pulled real model's file (`mtpx pull NAME`; tests/run.sh pulls the CI models).
+pub fn real_model(name: &str) -> std::path::PathBuf {
+    let home = std::env::var_os("MTPX_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx")
+        });
+    let path = home.join(format!("models/{name}.gguf"));
+    assert!(path.exists(), "run `mtpx pull {name}` first");
+    path
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Outcome {
     pub prompt_tokens: usize,
