@@ -14,12 +14,31 @@ function settings() {
     instructions: $("system").value.trim() || undefined,
     temperature: num("temperature"), top_p: num("top_p"), top_k: num("top_k"),
     max_output_tokens: Math.max(1, num("max_tokens")),
-    // `speculative: false` turns drafting off for this reply; the drafters are the server's
-    // (--speculative), listed from /v1/stats.
-    speculative: $("speculative").checked,
+    // `speculative`: false turns drafting off for this reply; a drafter's name uses only that
+    // one (the server's drafters are listed from /v1/stats); true leaves it to the server.
+    speculative: !$("speculative").checked ? false : ($("drafter").value === "auto" ? true : $("drafter").value),
   };
   if (state.previousId) body.previous_response_id = state.previousId;
   return body;
+}
+
+const DRAFTER_NAMES = { ngram: "n-gram lookup", prediction: "predicted output", draft: "draft model", mtp: "MTP heads" };
+
+// The drafter choice lists what this server runs; "auto" leaves the choice to it per step.
+function listDrafters(drafters) {
+  const select = $("drafter");
+  const key = drafters.join(",");
+  if (select.dataset.key === key) return;
+  select.dataset.key = key;
+  const chosen = select.value;
+  select.textContent = "";
+  const options = drafters.length ? [["auto", "auto (" + drafters.map((d) => DRAFTER_NAMES[d] || d).join(", ") + ")"]] : [["auto", "off on this server"]];
+  for (const d of drafters) if (d !== "prediction") options.push([d, DRAFTER_NAMES[d] || d]);
+  for (const [value, label] of options) {
+    const o = document.createElement("option"); o.value = value; o.textContent = label; select.appendChild(o);
+  }
+  select.disabled = drafters.length === 0;
+  if (options.some(([v]) => v === chosen)) select.value = chosen;
 }
 
 function headers() {
@@ -254,9 +273,7 @@ async function refreshStats() {
     if (!res.ok) return;
     const s = await res.json();
     $("model").textContent = s.model + " · " + s.context_window + " tokens";
-    const drafters = (s.speculation && s.speculation.drafters) || [];
-    const label = drafters.length ? drafters.join(" + ") : "off on this server";
-    if ($("drafter").options[0].textContent !== label) $("drafter").options[0].textContent = label;
+    listDrafters((s.speculation && s.speculation.drafters) || []);
     const p = s.pool;
     const cachedOnly = p.num_evictable;
     const used = p.num_used;

@@ -80,6 +80,10 @@ try {
   // A greedy reply on the random model loops, so the n-gram drafter's drafts are accepted:
   // their text is tinted and the panel shows acceptance per draft depth.
   await page.click("#reset");
+  // The drafter list comes from the server: choosing n-gram lookup sends `speculative: "ngram"`.
+  const drafterOptions = await page.$$eval("#drafter option", (os) => os.map((o) => o.value));
+  if (!drafterOptions.includes("ngram")) fail("drafters offered: " + drafterOptions.join(", "));
+  await page.selectOption("#drafter", "ngram");
   await page.fill("#temperature", "0");
   await page.fill("#max_tokens", "160");
   await page.fill("#prompt", "Say the same thing again and again.");
