@@ -153,7 +153,7 @@ async fn context_length_exceeded_is_refused_before_inference_with_counts() {
 #[actix_rt::test]
 async fn an_api_key_guards_every_v1_route() {
     let mut config = test_config();
-    config.api_key = Some("sekret".into());
+    config.api_keys = vec!["sekret".into()];
     let s = TestServer::start(&TestModelSpec::default(), engine_cfg(), config).unwrap();
     for path in ["/v1/models", "/v1/models/test-model"] {
         let reply = get(&s.at(path)).await;
@@ -304,5 +304,68 @@ async fn a_client_disconnect_mid_stream_frees_the_requests_pages() {
     );
     s.engine().clear_caches().await;
     assert_eq!(s.engine().pool_stats().await.num_used, 0, "no page leaks");
+    s.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_queued_stream_gets_keep_alive_comments_then_its_reply() {
+    // One sequence at a time: the second request waits in the queue behind the first.
+    let cfg = EngineConfig {
+        max_seqs: 1,
+        ..engine_cfg()
+    };
+    let s = TestServer::start(&TestModelSpec::default(), cfg, test_config()).unwrap();
+    let long = json!({"messages": user("Write a very long story."), "max_tokens": 1800,
+        "stream": true, "logit_bias": ban_specials()});
+    let mut first = client()
+        .post(s.at("/v1/chat/completions"))
+        .send_json(&long)
+        .await
+        .unwrap();
+    // The first request is generating once its first chunk is here.
+    first.next().await.unwrap().unwrap();
+    let short = json!({"messages": user("hi"), "max_tokens": 4, "stream": true,
+        "logit_bias": ban_specials()});
+    let mut queued = client()
+        .post(s.at("/v1/chat/completions"))
+        .send_json(&short)
+        .await
+        .unwrap();
+    assert_eq!(queued.status().as_u16(), 200);
+    let mut body = String::new();
+    // The role chunk goes out at once. Then test_config() sends a keep-alive after 200 ms of
+    // silence; the first request runs for seconds, so the next frame must be a keep-alive.
+    while body.matches("\n\n").count() < 2 {
+        let chunk = queued.next().await.unwrap().unwrap();
+        body.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let frames: Vec<&str> = body.split_inclusive("\n\n").collect();
+    assert!(frames[0].contains("\"role\":\"assistant\""), "{body:?}");
+    assert_eq!(
+        frames[1],
+        mtpx::api::sse::KEEP_ALIVE,
+        "expected a keep-alive comment while queued: {body:?}"
+    );
+    assert_eq!(
+        s.engine().scheduler_stats().await.num_waiting,
+        1,
+        "still queued"
+    );
+    // The first client leaves; the queued request runs and streams a normal reply.
+    drop(first);
+    while let Some(chunk) = queued.next().await {
+        body.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let events = mtpx::api::sse::parse_data_lines(&body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let finish = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .find_map(|e| {
+            e["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string)
+        });
+    assert_eq!(finish.as_deref(), Some("length"));
     s.stop().await;
 }

@@ -89,9 +89,11 @@ fn reassemble(events: &[Value]) -> (Vec<(String, String)>, String, Option<String
 #[actix_rt::test]
 async fn qwen_streams_tool_calls_that_reassemble_into_valid_json() {
     let s = server(4096);
-    // With `auto`, the 0.5B model answers this prompt with an untagged JSON object (no
-    // `<tool_call>` block), which stays content; `required` and a named function force the block.
+    // With `auto` the 0.5B model writes the call as a fenced JSON object without the
+    // `<tool_call>` tags; it is recognised because it names a declared tool. `required` and a
+    // named function force the tagged block.
     for tool_choice in [
+        json!("auto"),
         json!("required"),
         json!({"type": "function", "function": {"name": "get_weather"}}),
     ] {
@@ -125,6 +127,24 @@ async fn qwen_streams_tool_calls_that_reassemble_into_valid_json() {
         assert_eq!(call["name"], "get_weather");
         assert_eq!(call["arguments"].as_str().unwrap(), calls[0].1);
     }
+}
+
+#[actix_rt::test]
+async fn with_auto_a_request_that_needs_no_tool_gets_plain_content() {
+    let s = server(4096);
+    let body = json!({
+        "messages": [{"role": "user", "content": "Write a haiku about autumn leaves."}],
+        "tools": weather_tool(),
+        "tool_choice": "auto",
+        "temperature": 0,
+        "max_tokens": 48,
+        "stream": true,
+    });
+    let reply = post(&s.at("/v1/chat/completions"), &body).await;
+    let (calls, content, finish) = reassemble(&reply.events());
+    assert!(calls.is_empty(), "{calls:?}");
+    assert!(content.split_whitespace().count() >= 5, "{content:?}");
+    assert_ne!(finish.as_deref(), Some("tool_calls"));
 }
 
 /// The agent regression with the real model: a 3,400-token `write` call, then ~4,000-token tool

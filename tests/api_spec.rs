@@ -84,6 +84,7 @@ async fn a_predicted_output_is_accepted_and_reported_without_changing_the_reply(
         }
     }
     assert_eq!(content, text);
+    check_draft_marks(&streamed, accepted);
 
     let metrics = get(&s.at("/metrics")).await.text();
     assert!(
@@ -103,4 +104,88 @@ async fn a_prediction_of_another_type_is_refused() {
     .await;
     assert_eq!(reply.status, 400);
     assert_eq!(reply.error()["param"], "prediction.type");
+}
+
+#[actix_rt::test]
+async fn the_speculative_field_takes_a_drafter_name_and_refuses_others() {
+    let s = server();
+    let url = s.at("/v1/chat/completions");
+    let plain = post(&url, &chat(json!({"speculative": false})))
+        .await
+        .json();
+    let ngram = post(&url, &chat(json!({"speculative": "ngram"}))).await;
+    assert_eq!(ngram.status, 200);
+    let ngram = ngram.json();
+    assert_eq!(
+        ngram["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+    for (value, needle) in [
+        (json!("eagle"), "got \"eagle\""),
+        (json!("draft"), "--draft-model"),
+        (json!("mtp"), "MTP"),
+        (json!(3), "speculative"),
+    ] {
+        let reply = post(&url, &chat(json!({ "speculative": value }))).await;
+        assert_eq!(reply.status, 400, "{value}");
+        let error = reply.error();
+        assert!(
+            error["message"].as_str().unwrap().contains(needle),
+            "{error}"
+        );
+        assert!(
+            error["param"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("speculative"),
+            "{error}"
+        );
+    }
+    let stats = get(&s.at("/v1/stats")).await.json();
+    assert_eq!(
+        stats["speculation"]["drafters"],
+        json!(["prediction", "ngram"])
+    );
+}
+
+/// Streamed chunks mark accepted drafts per token (`draft_depths`), and the final timings
+/// break the drafts down by depth, consistently with the totals.
+fn check_draft_marks(events: &[Value], accepted: u64) {
+    let mut marked = 0u64;
+    for e in events.iter().filter(|e| e.is_object()) {
+        for choice in e["choices"].as_array().into_iter().flatten() {
+            if let Some(depths) = choice["draft_depths"].as_array() {
+                assert!(!depths.is_empty() && depths.iter().any(|d| d.as_u64() > Some(0)));
+                marked += depths.iter().filter(|d| d.as_u64() > Some(0)).count() as u64;
+            }
+        }
+    }
+    assert_eq!(marked, accepted, "every accepted draft is marked once");
+    let timings = &events
+        .iter()
+        .rev()
+        .find(|e| e["timings"].is_object())
+        .expect("timings")["timings"];
+    let by_depth = timings["draft_by_depth"]
+        .as_array()
+        .expect("draft_by_depth");
+    let sum = |key: &str| {
+        by_depth
+            .iter()
+            .map(|d| d[key].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(sum("drafted"), timings["draft_n"].as_u64().unwrap());
+    assert_eq!(sum("accepted"), accepted);
+    for (i, d) in by_depth.iter().enumerate() {
+        assert_eq!(d["depth"], i + 1);
+        assert!(d["accepted"].as_u64() <= d["drafted"].as_u64());
+    }
+    // A round that drafts depth k also drafted depths 1..k.
+    for w in by_depth.windows(2) {
+        assert!(
+            w[0]["drafted"].as_u64() >= w[1]["drafted"].as_u64(),
+            "{by_depth:?}"
+        );
+    }
 }

@@ -152,25 +152,24 @@ async fn pool_exhaustion_queues_or_preempts_and_outputs_stay_correct() {
 #[actix_rt::test]
 async fn a_shared_2000_token_prefix_is_prefilled_once() {
     let t = start_engine(&TestModelSpec::default(), cfg());
-    let prefix = token_ids(7, 2000);
+    // 2,008 = 125 full pages and 8 positions of the next: those are copied (copy-on-write).
+    let prefix = token_ids(7, 2008);
     let mut a = prefix.clone();
     a.extend(token_ids(8, 50));
     let mut b = prefix.clone();
     b.extend(token_ids(9, 70));
     let first = run(&t.engine, greedy_tokens(a, 4)).await;
     assert_eq!(first.cached_tokens, 0);
-    let second = run(&t.engine, greedy_tokens(b.clone(), 4)).await;
-    assert_eq!(
-        second.cached_tokens,
-        2000 / 16 * 16,
-        "only the suffix is prefilled"
-    );
+    let second = run(&t.engine, greedy_with_logprobs(b.clone(), 4)).await;
+    assert_eq!(second.cached_tokens, 2008, "only the suffix is prefilled");
     assert_eq!(second.usage.cached_tokens, second.cached_tokens);
     // The reused K/V is right: same tokens as a cold run.
     t.engine.clear_caches().await;
-    let cold = run(&t.engine, greedy_tokens(b, 4)).await;
+    let cold = run(&t.engine, greedy_with_logprobs(b, 4)).await;
     assert_eq!(cold.cached_tokens, 0);
-    assert_eq!(cold.token_ids, second.token_ids);
+    assert_same_generation(&cold, &second, 1e-4);
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0, "no page leaks");
 }
 
 #[actix_rt::test]

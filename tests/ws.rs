@@ -5,7 +5,7 @@
 #[path = "fixtures/api/client.rs"]
 mod client;
 
-use client::{ban_specials, post};
+use client::{ban_specials, get_with, post, post_with};
 use mtpx::api::responses::types::{ResponseEvent, ResponseObject};
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::api::ApiConfig;
@@ -275,6 +275,80 @@ async fn an_unknown_previous_response_id_is_refused_not_restarted() {
 }
 
 #[actix_rt::test]
+async fn another_keys_previous_response_id_is_refused_and_invisible() {
+    let mut config = test_config();
+    config.api_keys = vec!["alice".into(), "bob".into()];
+    let s = server_with(config);
+    let mut alice = ResponsesSocket::connect(&s.url, Some("alice"))
+        .await
+        .unwrap();
+    let first = alice.turn(&body(json!("one"), None, 3)).await.unwrap();
+    let id = first.response.id.clone();
+    let pages_before = s.engine().pool_stats().await.num_used;
+
+    let mut bob = ResponsesSocket::connect(&s.url, Some("bob")).await.unwrap();
+    bob.create(&body(json!("two"), Some(&id), 3), None)
+        .await
+        .unwrap();
+    let error = expect_error(&mut bob).await;
+    assert_eq!(error["code"], "previous_response_not_found");
+    assert_eq!(error["param"], "previous_response_id");
+    let as_bob = [("authorization", "Bearer bob")];
+    let r = post_with(
+        &s.at("/v1/responses"),
+        &body(json!("two"), Some(&id), 3),
+        &as_bob,
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error()["code"], "previous_response_not_found");
+    let r = get_with(&s.at(&format!("/v1/responses/{id}")), &as_bob).await;
+    assert_eq!(r.status, 404, "another key's response is not even visible");
+    assert_eq!(
+        s.engine().pool_stats().await.num_used,
+        pages_before,
+        "the refusals touched no pages"
+    );
+
+    // Its owner continues it, reusing the session's KV.
+    let second = alice.turn(&body(json!("two"), Some(&id), 3)).await.unwrap();
+    assert_prefilled_only_new(first.response.usage.unwrap().input_tokens, &second.response);
+}
+
+#[actix_rt::test]
+async fn a_peer_that_stops_answering_pings_is_dropped_and_its_response_cancelled() {
+    let mut config = test_config();
+    config.ws_ping = Duration::from_millis(100);
+    let s = server_with(config);
+    let mut ws = ResponsesSocket::connect(&s.url, None).await.unwrap();
+    let mut b = body(json!("Write a long essay."), None, 3000);
+    b["store"] = json!(false);
+    ws.create(&b, None).await.unwrap();
+    // Wait (without reading: an unread socket answers no pings) until the response runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.engine().scheduler_stats().await.num_running == 0 {
+        assert!(Instant::now() < deadline, "the response never started");
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Now silent: within a few ping intervals the server gives up on us and cancels.
+    wait_idle(&s).await;
+    let generated = s.engine().scheduler_stats().await.tokens_generated;
+    assert!(generated < 3000, "cancelled early ({generated} tokens)");
+    s.engine().clear_caches().await;
+    assert_eq!(s.engine().pool_stats().await.num_used, 0, "pages freed");
+    // Reading now drains what was sent, then the server's close.
+    let close = loop {
+        match ws.recv().await {
+            Ok(Incoming::Event(_)) => continue,
+            Ok(Incoming::Closed { code, reason }) => break (code, reason),
+            Err(e) => panic!("expected a close frame, got {e}"),
+        }
+    };
+    assert_eq!(close.0, Some(1001), "{close:?}");
+    assert!(close.1.contains("ping"), "{close:?}");
+}
+
+#[actix_rt::test]
 async fn a_frame_over_max_ws_frame_closes_with_1009() {
     let mut config = test_config();
     config.max_ws_frame = 64 << 10;
@@ -407,4 +481,29 @@ async fn http_responses_stream_the_standard_events_and_match_json() {
     let st = client::get(&s.at("/v1/stats")).await.json();
     assert!(st["pool"]["num_pages"].as_u64().unwrap() > 0, "{st}");
     assert!(st["scheduler"]["num_running"].is_u64(), "{st}");
+}
+
+#[actix_rt::test]
+async fn the_ws_bench_session_reuses_its_kv_and_its_cold_peer_does_not() {
+    use mtpx::cli::bench_ws::{run_ws_bench, WsBench};
+    let s = server();
+    let opts = WsBench {
+        turns: 3,
+        tool_tokens: 60,
+        max_output_tokens: 4,
+        api_key: None,
+    };
+    let rows = run_ws_bench(&s.url, &opts).await.unwrap();
+    assert_eq!(rows.len(), 3);
+    let mut previous_input = 0;
+    for r in &rows {
+        assert!(r.input_tokens > previous_input, "{r:?}");
+        assert!(
+            r.cached_tokens + PAGE > previous_input,
+            "the session turn reused its KV: {r:?}"
+        );
+        assert!(r.cold_cached_tokens < PAGE, "the cold peer is cold: {r:?}");
+        assert!(r.session_ttft_ms > 0.0 && r.cold_ttft_ms > 0.0);
+        previous_input = r.input_tokens;
+    }
 }

@@ -14,12 +14,31 @@ function settings() {
     instructions: $("system").value.trim() || undefined,
     temperature: num("temperature"), top_p: num("top_p"), top_k: num("top_k"),
     max_output_tokens: Math.max(1, num("max_tokens")),
-    // `speculative: false` turns drafting off for this reply; the drafter is the server's
-    // (--speculative), so the choice below is informational until per-request drafters exist.
-    speculative: $("speculative").checked,
+    // `speculative`: false turns drafting off for this reply; a drafter's name uses only that
+    // one (the server's drafters are listed from /v1/stats); true leaves it to the server.
+    speculative: !$("speculative").checked ? false : ($("drafter").value === "auto" ? true : $("drafter").value),
   };
   if (state.previousId) body.previous_response_id = state.previousId;
   return body;
+}
+
+const DRAFTER_NAMES = { ngram: "n-gram lookup", prediction: "predicted output", draft: "draft model", mtp: "MTP heads" };
+
+// The drafter choice lists what this server runs; "auto" leaves the choice to it per step.
+function listDrafters(drafters) {
+  const select = $("drafter");
+  const key = drafters.join(",");
+  if (select.dataset.key === key) return;
+  select.dataset.key = key;
+  const chosen = select.value;
+  select.textContent = "";
+  const options = drafters.length ? [["auto", "auto (" + drafters.map((d) => DRAFTER_NAMES[d] || d).join(", ") + ")"]] : [["auto", "off on this server"]];
+  for (const d of drafters) if (d !== "prediction") options.push([d, DRAFTER_NAMES[d] || d]);
+  for (const [value, label] of options) {
+    const o = document.createElement("option"); o.value = value; o.textContent = label; select.appendChild(o);
+  }
+  select.disabled = drafters.length === 0;
+  if (options.some(([v]) => v === chosen)) select.value = chosen;
 }
 
 function headers() {
@@ -144,6 +163,38 @@ function itemEl(item) {
   return el;
 }
 
+// Text from accepted speculative drafts is tinted; its title says the draft depth.
+function appendText(el, text, depths) {
+  const drafted = (depths || []).filter((d) => d > 0);
+  if (!drafted.length) { el.appendChild(document.createTextNode(text)); return; }
+  const span = document.createElement("span");
+  span.className = "draft";
+  span.title = "accepted draft, depth " + drafted.join(", ");
+  span.textContent = text;
+  el.appendChild(span);
+}
+
+// Per-depth acceptance of the last reply, from its timings.
+function showSpeculation(t) {
+  const rows = (t && t.draft_by_depth) || [];
+  const table = $("spec_depths");
+  table.textContent = "";
+  if (!rows.length) { $("m_spec").textContent = t && t.draft_n === 0 ? "no drafts" : "–"; return; }
+  const rounds = rows[0].drafted;
+  $("m_spec").textContent = `${(t.draft_n_accepted / rounds).toFixed(2)} drafts/round · ${t.draft_n_accepted}/${t.draft_n} accepted`;
+  for (const r of rows) {
+    const tr = document.createElement("tr");
+    const rate = r.drafted ? r.accepted / r.drafted : 0;
+    for (const v of [r.depth, `${r.accepted}/${r.drafted}`, (100 * rate).toFixed(0) + "%"]) {
+      const td = document.createElement("td"); td.textContent = v; tr.appendChild(td);
+    }
+    const bar = document.createElement("td");
+    const fill = document.createElement("span"); fill.className = "bar"; fill.style.width = (100 * rate) + "%";
+    bar.appendChild(fill); tr.appendChild(bar);
+    table.appendChild(tr);
+  }
+}
+
 function firstToken() {
   const c = state.current;
   if (c && c.ttft === null) c.ttft = performance.now() - c.start;
@@ -166,12 +217,12 @@ function onEvent(e) {
     case "response.output_text.delta":
     case "response.reasoning_text.delta":
       firstToken();
-      itemEl({ id: e.item_id }).body.textContent += e.delta;
+      appendText(itemEl({ id: e.item_id }).body, e.delta, e.draft_depths);
       c.el.scrollIntoView({ block: "end" });
       break;
     case "response.function_call_arguments.delta":
       firstToken();
-      itemEl({ id: e.item_id }).body.textContent += e.delta;
+      appendText(itemEl({ id: e.item_id }).body, e.delta, e.draft_depths);
       break;
     case "response.output_item.done":
       if (e.item.type === "function_call") {
@@ -203,6 +254,7 @@ function finishReply(error, status, response) {
   $("m_tps").textContent = tps !== null ? tps.toFixed(1) : "–";
   $("m_ttft").textContent = c.ttft !== null ? c.ttft.toFixed(0) + " ms" : "–";
   $("m_cached").textContent = u ? `${u.input_tokens_details.cached_tokens} / ${u.input_tokens}` : "–";
+  showSpeculation(t);
   refreshStats();
 }
 
@@ -221,6 +273,7 @@ async function refreshStats() {
     if (!res.ok) return;
     const s = await res.json();
     $("model").textContent = s.model + " · " + s.context_window + " tokens";
+    listDrafters((s.speculation && s.speculation.drafters) || []);
     const p = s.pool;
     const cachedOnly = p.num_evictable;
     const used = p.num_used;

@@ -25,17 +25,18 @@ impl FromRequest for Authorized {
         let Some(state) = req.app_data::<web::Data<AppState>>() else {
             return ready(Err(ApiError::internal("the app state is missing")));
         };
-        ready(authorize(state.config.api_key.as_deref(), req.headers()))
+        ready(authorize(&state.config.api_keys, req.headers()))
     }
 }
 
 /// Checks `headers` against `expected` (no key configured: everyone is authorised).
-pub fn authorize(expected: Option<&str>, headers: &HeaderMap) -> Result<Authorized, ApiError> {
-    let Some(expected) = expected else {
+/// `keys` empty: open. Otherwise the request must carry one of them; it becomes the scope.
+pub fn authorize(keys: &[String], headers: &HeaderMap) -> Result<Authorized, ApiError> {
+    if keys.is_empty() {
         return Ok(Authorized {
             scope: String::new(),
         });
-    };
+    }
     let bearer = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -48,16 +49,18 @@ pub fn authorize(expected: Option<&str>, headers: &HeaderMap) -> Result<Authoriz
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .map(str::trim);
-    let ok = [bearer, x_api_key]
-        .into_iter()
-        .flatten()
-        .any(|given| keys_equal(given, expected));
-    if ok {
-        Ok(Authorized {
-            scope: expected.to_string(),
-        })
-    } else {
-        Err(ApiError::unauthorized())
+    // Every key is compared (no early exit), so timing does not tell which one nearly matched.
+    let mut matched = None;
+    for given in [bearer, x_api_key].into_iter().flatten() {
+        for key in keys {
+            if keys_equal(given, key) {
+                matched = Some(key);
+            }
+        }
+    }
+    match matched {
+        Some(key) => Ok(Authorized { scope: key.clone() }),
+        None => Err(ApiError::unauthorized()),
     }
 }
 
@@ -84,10 +87,13 @@ mod tests {
 
     #[test]
     fn bearer_or_x_api_key_is_accepted_and_scopes_sessions() {
-        let ok = authorize(Some("k1"), &headers(&[("authorization", "Bearer k1")])).unwrap();
+        let keys = ["k1".to_string(), "k2".to_string()];
+        let ok = authorize(&keys, &headers(&[("authorization", "Bearer k1")])).unwrap();
         assert_eq!(ok.scope, "k1");
-        assert!(authorize(Some("k1"), &headers(&[("x-api-key", "k1")])).is_ok());
-        assert!(authorize(None, &headers(&[])).unwrap().scope.is_empty());
+        assert!(authorize(&keys[..1], &headers(&[("x-api-key", "k1")])).is_ok());
+        let second = authorize(&keys, &headers(&[("x-api-key", "k2")])).unwrap();
+        assert_eq!(second.scope, "k2", "each key is its own scope");
+        assert!(authorize(&[], &headers(&[])).unwrap().scope.is_empty());
     }
 
     #[test]
@@ -98,7 +104,7 @@ mod tests {
             headers(&[("authorization", "k1")]),
             headers(&[("x-api-key", "k")]),
         ] {
-            let err = authorize(Some("k1"), &h).unwrap_err();
+            let err = authorize(&["k1".to_string()], &h).unwrap_err();
             assert_eq!(err.status.as_u16(), 401);
             assert_eq!(err.code, Some("invalid_api_key"));
         }

@@ -33,8 +33,16 @@ struct ChatContext {
     /// Forced start of each reply (`tool_choice`), fed to the parser before the model's text.
     forced_prefix: String,
     single_call: bool,
+    tool_names: Vec<String>,
     logprobs: bool,
     include_usage: bool,
+}
+
+impl ChatContext {
+    fn tool_parser(&self) -> ToolCallParser {
+        ToolCallParser::new(self.parse_tools, self.single_call)
+            .with_tool_names(self.tool_names.clone())
+    }
 }
 
 /// Create a chat completion.
@@ -81,6 +89,7 @@ pub async fn chat_completions(
         parse_tools: prompt.parse_tools,
         forced_prefix: prompt.forced_prefix.clone(),
         single_call: prompt.single_call,
+        tool_names: prompt.tool_names.clone(),
         logprobs,
         include_usage: params
             .stream_options
@@ -115,7 +124,7 @@ fn response(
         .into_iter()
         .enumerate()
         .map(|(index, c)| {
-            let mut parser = ToolCallParser::new(ctx.parse_tools, ctx.single_call);
+            let mut parser = ctx.tool_parser();
             let mut pieces = parser.push(&ctx.forced_prefix);
             pieces.extend(parser.push(&c.text));
             pieces.extend(parser.finish());
@@ -218,9 +227,7 @@ struct ChatStream {
 impl ChatStream {
     fn new(ctx: ChatContext, state: web::Data<AppState>, num_choices: usize) -> Self {
         Self {
-            parsers: (0..num_choices)
-                .map(|_| ToolCallParser::new(ctx.parse_tools, ctx.single_call))
-                .collect(),
+            parsers: (0..num_choices).map(|_| ctx.tool_parser()).collect(),
             clocks: (0..num_choices).map(|_| TokenClock::start()).collect(),
             usages: vec![None; num_choices],
             ctx,
@@ -241,11 +248,11 @@ impl ChatStream {
                 content: Some(String::new()),
                 ..ChunkDelta::default()
             };
-            queue.push_back(self.chunk(index, delta, None, None));
+            queue.push_back(self.chunk(index, delta, None, None, Vec::new()));
             // A forced tool call starts before the model's first token.
             let prefix = self.ctx.forced_prefix.clone();
             for piece in self.parsers[index].push(&prefix) {
-                queue.push_back(self.chunk(index, delta_of(piece), None, None));
+                queue.push_back(self.chunk(index, delta_of(piece), None, None, Vec::new()));
             }
         }
         let events = generate::merge(streams);
@@ -278,6 +285,7 @@ impl ChatStream {
         delta: ChunkDelta,
         finish_reason: Option<String>,
         logprobs: Option<ChatLogprobs>,
+        draft_depths: Vec<u8>,
     ) -> Bytes {
         sse::data(&ChatCompletionChunk {
             id: self.ctx.id.clone(),
@@ -289,6 +297,7 @@ impl ChatStream {
                 delta,
                 logprobs,
                 finish_reason,
+                draft_depths,
             }],
             usage: None,
             timings: None,
@@ -306,21 +315,27 @@ impl ChatStream {
                 token_ids,
                 logprobs,
                 top_logprobs,
+                draft_depths,
             } => {
                 self.clocks[index].tokens(&self.state.metrics, token_ids.len());
                 let pieces = self.parsers[index].push(&text);
                 let mut lp = (self.ctx.logprobs && !token_ids.is_empty())
                     .then(|| chat_logprobs(&self.state, &token_ids, &logprobs, &top_logprobs));
-                if pieces.is_empty() && lp.is_some() {
-                    queue.push_back(self.chunk(index, ChunkDelta::default(), None, lp.take()));
+                // Token-level annotations ride on the first chunk the tokens produce.
+                let mut depths = wire_draft_depths(&draft_depths);
+                if pieces.is_empty() && (lp.is_some() || !depths.is_empty()) {
+                    let depths = std::mem::take(&mut depths);
+                    let chunk = self.chunk(index, ChunkDelta::default(), None, lp.take(), depths);
+                    queue.push_back(chunk);
                 }
                 for piece in pieces {
-                    queue.push_back(self.chunk(index, delta_of(piece), None, lp.take()));
+                    let depths = std::mem::take(&mut depths);
+                    queue.push_back(self.chunk(index, delta_of(piece), None, lp.take(), depths));
                 }
             }
             EngineEvent::Finished { reason, usage } => {
                 for piece in self.parsers[index].finish() {
-                    queue.push_back(self.chunk(index, delta_of(piece), None, None));
+                    queue.push_back(self.chunk(index, delta_of(piece), None, None, Vec::new()));
                 }
                 let tool_calls = self.parsers[index].has_tool_calls();
                 let frame = ChatCompletionChunk {
@@ -333,6 +348,7 @@ impl ChatStream {
                         delta: ChunkDelta::default(),
                         logprobs: None,
                         finish_reason: Some(finish_reason(reason, tool_calls)),
+                        draft_depths: Vec::new(),
                     }],
                     usage: None,
                     timings: Some(generate::timings(&usage)),

@@ -27,6 +27,8 @@ pub struct ChatPrompt {
     pub parse_tools: bool,
     /// `parallel_tool_calls: false`.
     pub single_call: bool,
+    /// The declared tools (untagged calls of them are recognised too).
+    pub tool_names: Vec<String>,
     /// The forced start of the reply (empty unless `tool_choice` forces a call).
     pub forced_prefix: String,
 }
@@ -110,6 +112,7 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         prompt,
         parse_tools: use_tools,
         single_call: req.parallel_tool_calls == Some(false),
+        tool_names: tool_names.iter().map(|n| n.to_string()).collect(),
         forced_prefix,
     })
 }

@@ -5,13 +5,15 @@
 use super::errors::ApiError;
 use super::metrics::{Metrics, TokenClock};
 use super::types::{
-    CompletionTokensDetails, GenerationParams, MessageContent, PromptTokensDetails, Timings, Usage,
+    CompletionTokensDetails, DepthAcceptance, GenerationParams, MessageContent,
+    PromptTokensDetails, Speculative, Timings, Usage,
 };
 use crate::engine::{Engine, EngineEvent, EventStream, GenerateRequest, Prompt};
 use crate::error::EngineError;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use crate::session::SessionKey;
+use crate::spec::{DraftSource, SpecChoice};
 use actix_web::HttpRequest;
 
 /// The most choices one request may ask for.
@@ -32,7 +34,7 @@ pub struct Plan {
     pub num_choices: usize,
     /// The predicted output's text (a source of drafts).
     pub prediction: Option<String>,
-    pub speculative: Option<bool>,
+    pub speculative: Option<SpecChoice>,
 }
 
 /// Validates the shared fields. `logprobs`/`top_logprobs` come from the endpoint's own fields.
@@ -78,7 +80,26 @@ pub fn plan(
         session,
         num_choices,
         prediction: prediction_text(p)?,
-        speculative: p.speculative,
+        speculative: speculative_choice(p)?,
+    })
+}
+
+/// The `speculative` field: `true`, `false`, or a drafter's name.
+fn speculative_choice(p: &GenerationParams) -> Result<Option<SpecChoice>, ApiError> {
+    Ok(match &p.speculative {
+        None => None,
+        Some(Speculative::Switch(on)) => Some((*on).into()),
+        Some(Speculative::Drafter(name)) => match DraftSource::from_name(name) {
+            Some(source) => Some(SpecChoice::Only(source)),
+            None => {
+                return Err(ApiError::invalid(
+                    Some("speculative"),
+                    format!(
+                        "`speculative` must be true, false or a drafter's name (\"ngram\", \"prediction\", \"mtp\", \"draft\"), got \"{name}\""
+                    ),
+                ))
+            }
+        },
     })
 }
 
@@ -168,6 +189,13 @@ pub fn session_key(req: &HttpRequest, scope: &str) -> Result<Option<SessionKey>,
 /// Choice `i` gets seed `seed + i`; only choice 0 continues the session.
 pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>, ApiError> {
     let mut streams = Vec::with_capacity(plan.num_choices);
+    if let Some(choice) = plan.speculative {
+        engine
+            .info()
+            .speculative
+            .drafters_for(choice)
+            .map_err(|m| ApiError::invalid(Some("speculative"), m))?;
+    }
     let prediction = match &plan.prediction {
         Some(text) => Some(
             engine
@@ -214,6 +242,7 @@ pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Colle
                 token_ids,
                 logprobs,
                 top_logprobs,
+                ..
             } => {
                 clock.tokens(metrics, token_ids.len());
                 out.text.push_str(&text);
@@ -280,6 +309,17 @@ pub fn timings(u: &EngineUsage) -> Timings {
         predicted_per_second: per_second(u.completion_tokens.saturating_sub(1), u.decode_ms),
         draft_n: u.draft_tokens,
         draft_n_accepted: u.accepted_draft_tokens,
+        draft_by_depth: u
+            .draft_by_depth
+            .iter()
+            .enumerate()
+            .take_while(|(_, [drafted, _])| *drafted > 0)
+            .map(|(d, &[drafted, accepted])| DepthAcceptance {
+                depth: d + 1,
+                drafted,
+                accepted,
+            })
+            .collect(),
     }
 }
 

@@ -28,6 +28,7 @@
 //! needs it ([`auth`]), and session ids (`X-Session-Id`) are scoped to that key.
 
 pub mod auth;
+mod bare_tool_calls;
 pub mod chat;
 pub mod chat_prompt;
 pub mod completions;
@@ -71,8 +72,10 @@ pub struct ApiConfig {
     /// The id clients name the model by (`/v1/models`); also accepted: `aliases`.
     pub model_id: String,
     pub aliases: Vec<String>,
-    /// When set, required on every route but `/health`, `/metrics`, `/openapi.json`.
-    pub api_key: Option<String>,
+    /// When not empty, one of them is required on every route but `/health`, `/metrics`,
+    /// `/openapi.json`. Each key is its own scope: sessions and stored responses created with
+    /// one key are invisible to the others.
+    pub api_keys: Vec<String>,
     /// Largest request body in bytes (413 beyond).
     pub max_body: usize,
     /// SSE keep-alive comment interval while no token arrives.
@@ -95,7 +98,7 @@ impl ApiConfig {
         Self {
             model_id: model_id.into(),
             aliases: Vec::new(),
-            api_key: None,
+            api_keys: Vec::new(),
             max_body: 16 << 20,
             keep_alive: Duration::from_secs(5),
             cors_origins: Vec::new(),

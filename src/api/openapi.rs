@@ -1,7 +1,8 @@
 //! `GET /openapi.json`: an OpenAPI 3 description of every route, generated from the wire types
 //! and the handlers' `#[utoipa::path]` annotations (fuzzers and SDK generators read it).
 
-use super::{chat, completions, health, metrics, models, tokens, types::*};
+use super::responses::{self, types::*};
+use super::{chat, completions, health, metrics, models, stats, tokens, types::*, ws};
 use actix_web::HttpResponse;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -20,18 +21,25 @@ use utoipa::{Modify, OpenApi};
         tokens::tokenize,
         tokens::detokenize,
         tokens::count_chat,
+        responses::create_response,
+        responses::get_response,
+        responses::delete_response,
+        ws::responses_socket,
+        stats::stats,
         health::health,
         metrics::metrics,
     ),
     components(schemas(
         ChatCompletionRequest, ChatMessage, Role, MessageContent, ContentPart, Tool, FunctionDef,
         ToolChoice, NamedToolChoice, FunctionName, ToolCall, FunctionCall, GenerationParams,
-        StopSpec, StreamOptions, CompletionRequest, PromptInput, ChatCompletionResponse,
+        StopSpec, Speculative, StreamOptions, CompletionRequest, PromptInput, ChatCompletionResponse,
         ChatChoice, AssistantMessage, ChatLogprobs, TokenLogprob, TopLogprob, ChatCompletionChunk,
         ChunkChoice, ChunkDelta, ToolCallDelta, FunctionCallDelta, CompletionResponse,
         CompletionChoice, CompletionLogprobs, Usage, PromptTokensDetails, Timings, ModelObject,
         ModelList, TokenizeRequest, TokenizeResponse, DetokenizeRequest, DetokenizeResponse,
-        CountResponse, ErrorResponse, ErrorBody, HealthResponse,
+        CountResponse, ErrorResponse, ErrorBody, HealthResponse, DepthAcceptance,
+        ResponsesRequest, Input, ResponseObject, IncompleteDetails, ResponseUsage,
+        InputTokensDetails, OutputTokensDetails, OutputItem, OutputContent, ResponseEvent,
     )),
     modifiers(&Security),
     security(("bearer" = []), ("api_key" = []))
@@ -69,18 +77,34 @@ mod tests {
     fn every_route_is_described() {
         let doc = super::document();
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-        for path in [
-            "/v1/chat/completions",
-            "/v1/chat/completions/count",
-            "/v1/completions",
-            "/v1/models",
-            "/v1/models/{id}",
-            "/tokenize",
-            "/detokenize",
-            "/health",
-            "/metrics",
+        for (method, path) in [
+            ("post", "/v1/chat/completions"),
+            ("post", "/v1/chat/completions/count"),
+            ("post", "/v1/completions"),
+            ("get", "/v1/models"),
+            ("get", "/v1/models/{id}"),
+            ("post", "/v1/responses"),
+            ("get", "/v1/responses"),
+            ("get", "/v1/responses/{id}"),
+            ("delete", "/v1/responses/{id}"),
+            ("get", "/v1/stats"),
+            ("post", "/tokenize"),
+            ("post", "/detokenize"),
+            ("get", "/health"),
+            ("get", "/metrics"),
         ] {
-            assert!(doc["paths"].get(path).is_some(), "{path} is missing");
+            assert!(
+                doc["paths"][path][method].is_object(),
+                "{method} {path} is missing"
+            );
+        }
+        for schema in [
+            "ResponsesRequest",
+            "ResponseObject",
+            "ResponseEvent",
+            "OutputItem",
+        ] {
+            assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
         }
         assert!(doc["components"]["schemas"]["ChatCompletionRequest"].is_object());
     }

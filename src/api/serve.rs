@@ -30,6 +30,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub context_window: Option<usize>,
     /// Require this key on every /v1 route (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
+    /// Several keys, comma-separated, serve several clients; each key sees only its own
+    /// sessions and stored responses.
     #[arg(long, env = "MTPX_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Allow binding a non-loopback address without an API key.
@@ -108,6 +110,8 @@ impl ServeArgs {
             max_queue: self.max_queue,
             session_ttl: Duration::from_secs(self.session_ttl),
             speculative: self.spec.config(),
+            // Resolved (and pulled if need be) by the loader thread.
+            draft_model: None,
         }
     }
 
@@ -122,11 +126,22 @@ impl ServeArgs {
             .map_or_else(|| name.to_string(), |s| s.to_string_lossy().into_owned())
     }
 
+    /// `--api-key` split at commas, blanks dropped.
+    pub fn api_keys(&self) -> Vec<String> {
+        self.api_key
+            .iter()
+            .flat_map(|k| k.split(','))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Refuses to expose an unauthenticated server beyond loopback.
     pub fn check_security(&self) -> Result<()> {
         let loopback = self.host == "localhost"
             || self.host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-        if !loopback && self.api_key.is_none() && !self.insecure_no_auth {
+        if !loopback && self.api_keys().is_empty() && !self.insecure_no_auth {
             bail!(
                 "refusing to bind {} without an API key: pass --api-key KEY (or MTPX_API_KEY), \
                  or --insecure-no-auth to serve it open",
@@ -147,7 +162,7 @@ async fn run(args: ServeArgs) -> Result<()> {
     let model_id = args.model_id();
     let mut config = ApiConfig::new(model_id.clone());
     config.aliases = vec![args.model.model.clone()];
-    config.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    config.api_keys = args.api_keys();
     config.max_body = args.max_body;
     config.keep_alive = Duration::from_secs(args.sse_keep_alive.max(1));
     config.cors_origins = args.cors_origin.clone();
@@ -159,10 +174,10 @@ async fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     tracing::info!(
         "listening on http://{addr} (auth: {}, CORS: {:?}, max body {} bytes); loading {}",
-        if state.config.api_key.is_some() {
-            "API key"
-        } else {
-            "none"
+        match state.config.api_keys.len() {
+            0 => "none".to_string(),
+            1 => "API key".to_string(),
+            n => format!("{n} API keys"),
         },
         state.config.cors_origins,
         state.config.max_body,
@@ -178,17 +193,24 @@ async fn run(args: ServeArgs) -> Result<()> {
     let handle = server.handle();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let name = args.model.model.clone();
+    let spec_args = args.spec.clone();
     std::thread::spawn(move || {
         let loaded = crate::pull::resolve_model(&name, true).and_then(|path| {
-            ModelBundle::load(&path).with_context(|| format!("loading {}", path.display()))
+            let bundle =
+                ModelBundle::load(&path).with_context(|| format!("loading {}", path.display()))?;
+            let draft = spec_args
+                .draft_model_path()
+                .context("resolving --draft-model")?;
+            Ok((bundle, draft))
         });
         let _ = tx.send(loaded);
     });
-    let engine_cfg = args.engine_config();
+    let mut engine_cfg = args.engine_config();
     let fail = failure.clone();
     actix_rt::spawn(async move {
         let started = match rx.await {
-            Ok(Ok(bundle)) => {
+            Ok(Ok((bundle, draft))) => {
+                engine_cfg.draft_model = draft;
                 let detokenizer = detokenizer_of(&bundle);
                 Engine::start(bundle, engine_cfg.clone()).map(|engine| (engine, detokenizer))
             }
@@ -242,7 +264,8 @@ fn log_config(model_id: &str, engine: &Engine, cfg: &EngineConfig) {
     let info = engine.info();
     tracing::info!(
         "ready: model {model_id} ({}), context window {} tokens (model {}), KV {:.1} MiB = {} pages × {} tokens ({:?}), \
-         max batch tokens {}, max seqs {}, prefill chunk {}, max queue {}, session TTL {} s",
+         max batch tokens {}, max seqs {}, prefill chunk {}, max queue {}, session TTL {} s; \
+         drafters {:?} (draft model {:?})",
         info.model_path,
         info.context_window,
         info.model_context_length,
@@ -254,7 +277,9 @@ fn log_config(model_id: &str, engine: &Engine, cfg: &EngineConfig) {
         cfg.max_seqs,
         cfg.prefill_chunk,
         cfg.max_queue,
-        cfg.session_ttl.as_secs()
+        cfg.session_ttl.as_secs(),
+        info.drafters,
+        info.draft_model_path
     );
 }
 

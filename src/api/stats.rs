@@ -5,6 +5,7 @@
 
 use super::auth::Authorized;
 use super::errors::ApiError;
+use super::types::ErrorResponse;
 use super::AppState;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -16,6 +17,13 @@ pub struct StatsQuery {
     pub session: Option<String>,
 }
 
+#[utoipa::path(get, path = "/v1/stats", params(
+    ("session" = Option<String>, Query, description = "A conversation id (`conv_…`): adds the pages its session holds"),
+), responses(
+    (status = 200, description = "`{object: \"engine.stats\", model, context_window, pool, scheduler, sessions, session, stored_responses, speculation}`", body = Object),
+    (status = 401, body = ErrorResponse),
+    (status = 503, body = ErrorResponse),
+))]
 pub async fn stats(
     _auth: Authorized,
     query: web::Query<StatsQuery>,
@@ -43,5 +51,11 @@ pub async fn stats(
         },
         "session": session,
         "stored_responses": state.responses.len(),
+        // The drafters this server runs (a request may turn speculation off or pick one).
+        "speculation": {
+            "enabled": !info.drafters.is_empty(),
+            "drafters": info.drafters,
+            "draft_model": info.draft_model_path,
+        },
     })))
 }

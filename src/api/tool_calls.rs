@@ -15,7 +15,11 @@
 //!   `name` and `arguments` becomes a tool call, anything else (malformed) falls back to plain
 //!   content, tags included. Never an error.
 //! - With `single_call` (`parallel_tool_calls: false`) blocks after the first call are dropped.
+//! - Given the declared tool names ([`ToolCallParser::with_tool_names`]), a reply that starts
+//!   with an untagged call (bare or fenced JSON, see [`super::bare_tool_calls`]) is held until
+//!   decided, then becomes a call or content.
 
+use super::bare_tool_calls::{bare_call, BareCall};
 use super::types::{FunctionCall, ToolCall};
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::Value;
@@ -55,6 +59,8 @@ enum State {
     Buffered,
     /// A block after the first call when only one is allowed.
     Dropped,
+    /// Holding text that may be an untagged call.
+    Bare,
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +76,10 @@ pub struct ToolCallParser {
     calls: Vec<ToolCall>,
     /// Strip leading newlines of the content that follows `</think>`.
     after_think: bool,
+    /// Declared tools, for untagged calls (none: untagged calls are not recognised).
+    tool_names: Vec<String>,
+    /// No content but whitespace since the start or the last call: an untagged call may begin.
+    bare_allowed: bool,
 }
 
 impl ToolCallParser {
@@ -85,7 +95,15 @@ impl ToolCallParser {
             scan: ArgScan::default(),
             calls: Vec::new(),
             after_think: false,
+            tool_names: Vec::new(),
+            bare_allowed: true,
         }
+    }
+
+    /// Also recognises untagged calls of these tools at the start of the reply.
+    pub fn with_tool_names(mut self, names: Vec<String>) -> Self {
+        self.tool_names = names;
+        self
     }
 
     /// The tool calls completed so far.
@@ -123,10 +141,23 @@ impl ToolCallParser {
             State::Args => self.step_args(out),
             State::Tail | State::Dropped => self.step_skip(),
             State::Buffered => self.step_buffered(out),
+            State::Bare => self.step_bare(out, false),
         }
     }
 
     fn step_text(&mut self, out: &mut Vec<Piece>) -> bool {
+        if self.bare_allowed && self.parse_tools && !self.tool_names.is_empty() {
+            let body = self.pending.trim_start();
+            if body.is_empty() {
+                return false; // whitespace: wait to see what follows
+            }
+            if body.starts_with(['{', '`']) {
+                self.block.clear();
+                self.state = State::Bare;
+                return true;
+            }
+            self.bare_allowed = false;
+        }
         let mut tags = vec![OPEN_THINK];
         if self.parse_tools {
             tags.push(OPEN_TOOL);
@@ -176,6 +207,36 @@ impl ToolCallParser {
         };
         if !text.is_empty() {
             out.push(Piece::Content(text.to_string()));
+        }
+        if !text.trim().is_empty() {
+            self.bare_allowed = false;
+        }
+    }
+
+    /// Holds text while it may be an untagged call; `at_end`: the output is over.
+    fn step_bare(&mut self, out: &mut Vec<Piece>, at_end: bool) -> bool {
+        self.block.push_str(&std::mem::take(&mut self.pending));
+        match bare_call(&self.block, &self.tool_names, at_end) {
+            BareCall::Undecided => false,
+            BareCall::NotACall => {
+                self.bare_allowed = false;
+                self.state = State::Text;
+                self.pending = std::mem::take(&mut self.block);
+                true
+            }
+            BareCall::Call {
+                name,
+                arguments,
+                consumed,
+            } => {
+                self.pending = self.block.split_off(consumed);
+                self.block.clear();
+                self.state = State::Text;
+                if !self.single_call || self.calls.is_empty() {
+                    self.push_whole_call(name, arguments, out);
+                }
+                true
+            }
         }
     }
 
@@ -346,39 +407,52 @@ impl ToolCallParser {
         self.state = State::Text;
         let block = std::mem::take(&mut self.block);
         match parse_whole(&block) {
-            Some((name, arguments)) => {
-                let index = self.calls.len();
-                let id = new_call_id();
-                out.push(Piece::ToolCallStart {
-                    index,
-                    id: id.clone(),
-                    name: name.clone(),
-                });
-                out.push(Piece::ToolCallArgs {
-                    index,
-                    fragment: arguments.clone(),
-                });
-                self.calls.push(ToolCall {
-                    id,
-                    kind: "function".into(),
-                    function: FunctionCall {
-                        name,
-                        arguments: Value::String(arguments),
-                    },
-                });
-            }
+            Some((name, arguments)) => self.push_whole_call(name, arguments, out),
             None => out.push(Piece::Content(format!("{OPEN_TOOL}{block}{CLOSE_TOOL}"))),
         }
+    }
+
+    /// A call decided whole: its start and all of its arguments at once.
+    fn push_whole_call(&mut self, name: String, arguments: String, out: &mut Vec<Piece>) {
+        let index = self.calls.len();
+        let id = new_call_id();
+        out.push(Piece::ToolCallStart {
+            index,
+            id: id.clone(),
+            name: name.clone(),
+        });
+        out.push(Piece::ToolCallArgs {
+            index,
+            fragment: arguments.clone(),
+        });
+        self.calls.push(ToolCall {
+            id,
+            kind: "function".into(),
+            function: FunctionCall {
+                name,
+                arguments: Value::String(arguments),
+            },
+        });
+        self.bare_allowed = true;
     }
 
     fn finish_call(&mut self) {
         if let Some(call) = self.current.take() {
             self.calls.push(call);
+            self.bare_allowed = true;
         }
     }
 
     /// End of output: whatever is held is decided now.
     fn flush(&mut self, out: &mut Vec<Piece>) {
+        loop {
+            while self.step(out) {}
+            if self.state != State::Bare {
+                break;
+            }
+            // At the end every held text is decided, so this always makes progress.
+            self.step_bare(out, true);
+        }
         let rest = std::mem::take(&mut self.pending);
         match self.state {
             State::Text => {
@@ -414,6 +488,7 @@ impl ToolCallParser {
                 self.finish_call();
             }
             State::Tail | State::Dropped => self.finish_call(),
+            State::Bare => unreachable!("decided above"),
         }
         self.state = State::Text;
     }

@@ -214,3 +214,71 @@ fn ids_are_unique() {
     assert_ne!(a, b);
     assert_eq!(a.len(), "call_".len() + 24);
 }
+
+/// With the declared tool names: the result whole, char by char and at every split.
+fn run_named(text: &str) -> Reassembled {
+    let names = vec!["get_weather".to_string(), "read".to_string()];
+    let run_chunks = |chunks: &[&str]| {
+        let mut parser = ToolCallParser::new(true, false).with_tool_names(names.clone());
+        let mut pieces = Vec::new();
+        for c in chunks {
+            pieces.extend(parser.push(c));
+        }
+        pieces.extend(parser.finish());
+        let mut r = reassemble(&pieces);
+        r.ids.clear();
+        r
+    };
+    let whole = run_chunks(&[text]);
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(run_chunks(&refs), whole, "char by char: {text:?}");
+    for (at, _) in text.char_indices().skip(1) {
+        assert_eq!(
+            run_chunks(&[&text[..at], &text[at..]]),
+            whole,
+            "split at {at}"
+        );
+    }
+    whole
+}
+
+#[test]
+fn untagged_calls_of_declared_tools_are_calls() {
+    let fenced = "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```";
+    let r = run_named(fenced);
+    assert_eq!(r.content, "");
+    assert_eq!(
+        r.calls,
+        vec![("get_weather".into(), r#"{"city":"Paris"}"#.into())]
+    );
+    let two = "{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}\n{\"name\": \"read\", \"arguments\": {\"path\": \"b\"}}";
+    let r = run_named(two);
+    assert_eq!(r.calls.len(), 2, "{r:?}");
+    assert_eq!(r.content, "");
+    // Tagged calls are unchanged.
+    let tagged =
+        "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"x\"}}\n</tool_call>";
+    assert_eq!(
+        run_named(tagged).calls,
+        vec![("read".into(), r#"{"path": "x"}"#.into())]
+    );
+}
+
+#[test]
+fn json_answers_and_unknown_tools_stay_content() {
+    for text in [
+        "{\"name\": \"Ada\", \"age\": 36}",
+        "```json\n{\"name\": \"unknown_tool\", \"arguments\": {}}\n```",
+        "Here it is: {\"name\": \"read\", \"arguments\": {}}",
+        "```python\nprint('hi')\n```",
+        "{\"name\": \"read\", \"arguments\": {\"path\": ",
+    ] {
+        let r = run_named(text);
+        assert!(r.calls.is_empty(), "{text}: {r:?}");
+        assert_eq!(r.content, text);
+    }
+    // Without the declared names (the old constructor) nothing untagged is a call.
+    let r = run("{\"name\": \"read\", \"arguments\": {}}");
+    assert!(r.calls.is_empty());
+}

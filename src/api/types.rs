@@ -37,8 +37,17 @@ pub struct GenerationParams {
     /// OpenAI Predicted Outputs: text the reply is expected to largely repeat (a file being
     /// edited); used as a source of speculative drafts. Never changes the output.
     pub prediction: Option<Prediction>,
-    /// `false` turns speculative decoding off for this request (mtpx extension).
-    pub speculative: Option<bool>,
+    /// mtpx extension: `false` turns speculative decoding off for this request; a drafter's
+    /// name (`"ngram"`, `"prediction"`, `"mtp"`, `"draft"`) restricts it to that drafter.
+    pub speculative: Option<Speculative>,
+}
+
+/// The request field `speculative`: on/off, or one drafter by name.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Speculative {
+    Switch(bool),
+    Drafter(String),
 }
 
 /// `{"type": "content", "content": "..." | [{"type": "text", "text": "..."}]}`.
@@ -244,6 +253,18 @@ pub struct Timings {
     /// Speculative draft tokens verified, and how many were accepted.
     pub draft_n: usize,
     pub draft_n_accepted: usize,
+    /// The same per draft position, depth 1 first (empty without speculation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draft_by_depth: Vec<DepthAcceptance>,
+}
+
+/// Drafts verified and accepted at one draft position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DepthAcceptance {
+    /// 1 for the first draft token of a round.
+    pub depth: usize,
+    pub drafted: u32,
+    pub accepted: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -316,6 +337,20 @@ pub struct ChunkChoice {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<String>,
+    /// mtpx extension, present only when this chunk's tokens include accepted speculative
+    /// drafts: per token, its depth in its draft round (1 = first draft), 0 for a token the
+    /// model sampled itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draft_depths: Vec<u8>,
+}
+
+/// `draft_depths` as the wire carries it: empty unless some token was an accepted draft.
+pub fn wire_draft_depths(depths: &[u8]) -> Vec<u8> {
+    if depths.iter().any(|&d| d > 0) {
+        depths.to_vec()
+    } else {
+        Vec::new()
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

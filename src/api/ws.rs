@@ -22,6 +22,7 @@ use super::errors::{parse_object, ApiError};
 use super::responses::builder::new_item_id;
 use super::responses::types::ResponseEvent;
 use super::responses::{self};
+use super::types::ErrorResponse;
 use super::AppState;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -32,7 +33,15 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::oneshot;
 
-/// Upgrade to a Responses WebSocket session.
+/// Upgrade to a Responses WebSocket session. The client sends `response.create` events (the
+/// `POST /v1/responses` body with `"type": "response.create"`, optionally a `tag`) and
+/// `response.cancel` events; the server answers with `ResponseEvent` JSON text frames.
+#[utoipa::path(get, path = "/v1/responses", responses(
+    (status = 101, description = "Switching to the WebSocket protocol; frames are `ResponseEvent`s", body = ResponseEvent),
+    (status = 400, description = "Not a WebSocket upgrade", body = ErrorResponse),
+    (status = 401, body = ErrorResponse),
+    (status = 403, description = "Origin not allowed", body = ErrorResponse),
+))]
 pub async fn responses_socket(
     auth: Authorized,
     req: HttpRequest,

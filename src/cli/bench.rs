@@ -47,6 +47,22 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Instead of the model figures: an agent session over a Responses WebSocket at URL (or,
+    /// with no URL, against `--model` served in-process), each turn against a cold peer.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    pub ws: Option<String>,
+    /// `--ws`: continuation turns (each a tool call and its output).
+    #[arg(long, default_value_t = 8)]
+    pub ws_turns: usize,
+    /// `--ws`: tokens of tool output per turn (about).
+    #[arg(long, default_value_t = 400)]
+    pub ws_tool_tokens: usize,
+    /// `--ws`: tokens generated per turn.
+    #[arg(long, default_value_t = 8)]
+    pub ws_max_output_tokens: usize,
+    /// `--ws`: the server's API key.
+    #[arg(long, env = "MTPX_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 const BENCH_TEXT: &str = include_str!("../model/test_model/corpus.txt");
@@ -75,6 +91,15 @@ fn time_steps(
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
+    if let Some(url) = &args.ws {
+        let opts = super::bench_ws::WsBench {
+            turns: args.ws_turns,
+            tool_tokens: args.ws_tool_tokens,
+            max_output_tokens: args.ws_max_output_tokens.max(1),
+            api_key: args.api_key.clone(),
+        };
+        return super::bench_ws::bench_ws(url, &args.model, &opts, args.json);
+    }
     let path = resolve_model(&args.model.model, true)?;
     let bundle = ModelBundle::load(&path)?;
     let model = &bundle.transformer;

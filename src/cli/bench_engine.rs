@@ -92,6 +92,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
         page_size: args.model.page_size,
         max_seqs: args.concurrency.iter().copied().max().unwrap_or(1).max(64),
         speculative: args.spec.config(),
+        draft_model: args.spec.draft_model_path()?,
         ..EngineConfig::default()
     };
     let system = actix_rt::System::new();

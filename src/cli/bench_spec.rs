@@ -1,7 +1,8 @@
 //! `mtpx bench-spec`: speculative decoding against plain decoding on the same engine, in one
 //! run: an edit task (a 60-line Python file returned with a function renamed: long spans repeat
 //! the prompt) and a free-form task. Greedy; reports decode tok/s, speed-up, mean committed
-//! tokens per verify round and acceptance by depth position.
+//! tokens per verify round and acceptance by depth position. With `--draft-model`, each task
+//! also runs with the draft model alone (when the server mode runs more than it).
 
 use super::ModelArgs;
 use crate::engine::{Engine, EngineConfig, EngineEvent, GenerateRequest, Prompt};
@@ -9,7 +10,7 @@ use crate::model::ModelBundle;
 use crate::pull::resolve_model;
 use crate::sampling::SamplingParams;
 use crate::scheduler::Usage;
-use crate::spec::{DraftSource, SpecArgs, SpecCounters, MAX_DEPTH};
+use crate::spec::{DraftSource, SpecArgs, SpecChoice, SpecCounters, MAX_DEPTH, NUM_SOURCES};
 use anyhow::{anyhow, Result};
 use clap::Args;
 use serde_json::json;
@@ -159,16 +160,26 @@ fn diff(after: &SpecCounters, before: &SpecCounters) -> serde_json::Value {
     let mut rounds = 0u64;
     let mut accepted = 0u64;
     let mut per_depth = Vec::new();
+    let mut by_source = serde_json::Map::new();
     for s in DraftSource::ALL {
         let i = s as usize;
-        rounds += after.rounds[i] - before.rounds[i];
-        accepted += after.num_accepted(s) - before.num_accepted(s);
+        let r = after.rounds[i] - before.rounds[i];
+        let a = after.num_accepted(s) - before.num_accepted(s);
+        let d = after.num_drafted(s) - before.num_drafted(s);
+        rounds += r;
+        accepted += a;
+        if r > 0 {
+            by_source.insert(
+                s.name().into(),
+                json!({"rounds": r, "drafted": d, "accepted": a}),
+            );
+        }
     }
     for d in 0..MAX_DEPTH {
-        let drafted: u64 = (0..2)
+        let drafted: u64 = (0..NUM_SOURCES)
             .map(|i| after.drafted[i][d] - before.drafted[i][d])
             .sum();
-        let acc: u64 = (0..2)
+        let acc: u64 = (0..NUM_SOURCES)
             .map(|i| after.accepted[i][d] - before.accepted[i][d])
             .sum();
         if drafted > 0 {
@@ -180,6 +191,7 @@ fn diff(after: &SpecCounters, before: &SpecCounters) -> serde_json::Value {
         "rounds": rounds,
         "mean_committed_per_round": if rounds > 0 { (accepted + rounds) as f64 / rounds as f64 } else { 0.0 },
         "per_depth": per_depth,
+        "by_drafter": by_source,
     })
 }
 
@@ -191,16 +203,23 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
         kv_dtype: args.model.kv_dtype,
         page_size: args.model.page_size,
         speculative: args.spec.config(),
+        draft_model: args.spec.draft_model_path()?,
         ..EngineConfig::default()
     };
     let system = actix_rt::System::new();
     let report = system.block_on(async move {
         let engine = Engine::start(bundle, cfg)?;
+        let drafters = engine.info().drafters.clone();
+        let mut choices = vec![SpecChoice::Off, SpecChoice::On];
+        if drafters.contains(&"draft") && drafters.len() > 1 {
+            choices.push(SpecChoice::Only(DraftSource::DraftModel));
+        }
         let mut rows = Vec::new();
         for task in tasks(args.with_prediction) {
             let mut plain_tps = None;
-            for speculative in [false, true] {
-                if task.prediction.is_some() && !speculative {
+            for &choice in &choices {
+                let speculative = choice != SpecChoice::Off;
+                if task.prediction.is_some() && choice != SpecChoice::On {
                     continue;
                 }
                 let mut req = GenerateRequest::new(Prompt::Chat {
@@ -209,7 +228,7 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                 });
                 req.max_tokens = Some(args.tokens);
                 req.sampling = SamplingParams::greedy();
-                req.speculative = Some(speculative);
+                req.speculative = Some(choice);
                 if let Some(p) = &task.prediction {
                     req.prediction = Some(engine.tokenize(&Prompt::Text(p.clone())).await?);
                 }
@@ -218,9 +237,15 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                 let after = engine.scheduler_stats().await.spec;
                 let tps = usage.completion_tokens.saturating_sub(1) as f64 * 1e3 / usage.decode_ms.max(1e-9);
                 let base = *plain_tps.get_or_insert(tps);
+                let stats = engine.scheduler_stats().await;
                 let row = json!({
                     "task": task.name,
                     "speculative": speculative,
+                    "drafters": match choice {
+                        SpecChoice::Off => Vec::new(),
+                        SpecChoice::On => drafters.clone(),
+                        SpecChoice::Only(s) => vec![s.name()],
+                    },
                     "completion_tokens": usage.completion_tokens,
                     "prompt_tokens": usage.prompt_tokens,
                     "decode_tok_s": tps,
@@ -229,6 +254,7 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                     "drafted": usage.draft_tokens,
                     "accepted": usage.accepted_draft_tokens,
                     "spec": diff(&after, &before),
+                    "draft_model_pauses": stats.draft_model_pauses,
                     "output_hash": format!("{:x}", ids.iter().fold(0xcbf29ce484222325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100000001b3))),
                 });
                 if !args.json {
@@ -240,13 +266,18 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
         anyhow::Ok(json!({
             "model": path.display().to_string(),
             "row_cost": engine.info().spec_row_cost,
+            "draft_model": engine.info().draft_model_path,
+            "draft_cost": engine.info().draft_cost,
             "runs": rows,
         }))
     })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("row_cost {:?}", report["row_cost"]);
+        println!(
+            "row_cost {:?}, draft_cost {:?}",
+            report["row_cost"], report["draft_cost"]
+        );
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_engine;
 mod bench_spec;
+pub mod bench_ws;
 mod chat;
 mod run;
 

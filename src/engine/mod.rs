@@ -22,7 +22,10 @@ use crate::scheduler::{
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
-use crate::spec::{SeqSpec, SpecConfig};
+use crate::spec::cost::{measure_row_cost, measure_step, DraftModelCosts};
+use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
+use crate::spec::drafter_kv::{ClearIdleDrafts, GetDraftPoolStats};
+use crate::spec::{DraftSource::DraftModel, SeqSpec, SpecConfig};
 use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
 use actix::prelude::*;
 use anyhow::{bail, Result};
@@ -47,6 +50,8 @@ pub struct EngineConfig {
     pub session_ttl: Duration,
     /// Speculative decoding (off unless asked for).
     pub speculative: SpecConfig,
+    /// A draft model for speculative decoding: a GGUF file with the target's vocabulary.
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +67,7 @@ impl Default for EngineConfig {
             max_queue: 256,
             session_ttl: Duration::from_secs(3600),
             speculative: SpecConfig::default(),
+            draft_model: None,
         }
     }
 }
@@ -80,6 +86,15 @@ pub struct EngineInfo {
     pub vocab_size: usize,
     /// With speculation on: the cost of an extra verify row relative to a decode step.
     pub spec_row_cost: Option<f64>,
+    /// The drafters the server runs (`prediction`, `ngram`, `draft`, `mtp`).
+    pub drafters: Vec<&'static str>,
+    /// The speculation settings in force (what a request's `speculative` is checked against).
+    #[serde(skip)]
+    pub speculative: SpecConfig,
+    /// The draft model's file, when one is loaded.
+    pub draft_model_path: Option<String>,
+    /// At start-up: a draft-model step relative to a target decode step.
+    pub draft_cost: Option<f64>,
 }
 
 pub struct Engine {
@@ -89,6 +104,7 @@ pub struct Engine {
     registry: Addr<SessionRegistry>,
     pool: Addr<PagePoolActor>,
     worker: Addr<ModelWorker>,
+    draft: Option<Addr<DraftWorker>>,
     next_stream_id: AtomicU64,
 }
 
@@ -115,17 +131,35 @@ impl Engine {
         .flatten()
         .min()
         .unwrap();
+        let draft = match &cfg.draft_model {
+            Some(path) => {
+                let draft = ModelBundle::load(path)?;
+                check_same_vocabulary(&bundle, &draft)?;
+                Some(Arc::new(draft.transformer))
+            }
+            None => None,
+        };
         let mut speculative = cfg.speculative.clone();
+        speculative.has_draft_model = draft.is_some();
+        let mut draft_costs = None;
         if speculative.is_on() && speculative.depth.is_none() {
-            speculative.row_cost = crate::spec::cost::measure_row_cost(
-                &bundle.transformer,
-                cfg.page_size,
-                cfg.kv_dtype,
-            )?;
+            let t = &bundle.transformer;
+            speculative.row_cost = measure_row_cost(t, cfg.page_size, cfg.kv_dtype)?;
             tracing::info!(
                 row_cost = speculative.row_cost,
                 "measured the verify cost per extra row"
             );
+            if let (Some(d), true) = (&draft, speculative.drafters().contains(DraftModel)) {
+                let target_step = measure_step(t, cfg.page_size, cfg.kv_dtype, 1)?;
+                let draft_step = measure_step(d, cfg.page_size, cfg.kv_dtype, 1)?;
+                let costs = DraftModelCosts::new(target_step, draft_step);
+                speculative.draft_cost = costs.relative_draft_cost();
+                tracing::info!(
+                    draft_cost = speculative.draft_cost,
+                    "measured a draft-model step against a target decode step"
+                );
+                draft_costs = Some(costs);
+            }
         }
         let info = EngineInfo {
             model_path: bundle.path.display().to_string(),
@@ -137,7 +171,13 @@ impl Engine {
             kv_budget_bytes: num_pages as u64 * page_bytes,
             vocab_size: bundle.transformer.config.vocab_size,
             spec_row_cost: speculative.is_on().then_some(speculative.row_cost),
+            drafters: speculative.drafters().names(),
+            speculative: speculative.clone(),
+            draft_model_path: cfg.draft_model.as_ref().map(|p| p.display().to_string()),
+            draft_cost: draft_costs.as_ref().map(|c| c.relative_draft_cost()),
         };
+        // The draft model's K/V holds as many tokens as the target's.
+        let draft = draft.map(|d| DraftWorker::start(d, cfg.page_size, cfg.kv_dtype, num_pages));
         let model = Arc::new(bundle.transformer);
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
         let tokenizer =
@@ -158,6 +198,8 @@ impl Engine {
             worker: worker.clone(),
             pool: pool.clone(),
             registry: registry.clone(),
+            draft: draft.clone(),
+            draft_costs,
         })
         .start();
         Ok(Self {
@@ -167,6 +209,7 @@ impl Engine {
             registry,
             pool,
             worker,
+            draft,
             next_stream_id: AtomicU64::new(0),
         })
     }
@@ -239,6 +282,11 @@ impl Engine {
 
     /// Admits a request and returns its event stream, or refuses it before any inference.
     pub async fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        let drafters = self
+            .info
+            .speculative
+            .drafters_for(req.speculative.unwrap_or_default())
+            .map_err(EngineError::InvalidRequest)?;
         let tokens = self.tokenize(&req.prompt).await?;
         let max_tokens = self.admit(tokens.len(), req.max_tokens)?;
         req.sampling
@@ -247,14 +295,17 @@ impl Engine {
         let sampler =
             Sampler::new(req.sampling).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);
-        let (session, ephemeral) = match req.session {
-            Some(key) => (self.registry.send(GetOrCreate { key }).await?, false),
+        let (session, ephemeral, draft_key) = match req.session {
+            Some(key) => {
+                let draft_key = format!("session/{}/{}", key.scope, key.session_id);
+                let session = self.registry.send(GetOrCreate { key }).await?;
+                (session, false, draft_key)
+            }
             None => {
                 let id = format!("request-{stream_id}");
-                (
-                    SessionActor::new(id, self.pool.clone(), self.info.page_size).start(),
-                    true,
-                )
+                let session =
+                    SessionActor::new(id.clone(), self.pool.clone(), self.info.page_size).start();
+                (session, true, id)
             }
         };
         let turn = session
@@ -271,9 +322,10 @@ impl Engine {
             max_tokens,
             priority: req.priority,
             sampler,
-            spec: SeqSpec::new(req.speculative.unwrap_or(true), req.prediction),
+            spec: SeqSpec::new(drafters, req.prediction),
             session: session.clone(),
             ephemeral,
+            draft_key: draft_key.into(),
             events: seq_tx,
         };
         if let Err(e) = self.scheduler.send(Enqueue(submission)).await? {
@@ -318,6 +370,14 @@ impl Engine {
             .unwrap_or_default()
     }
 
+    /// The draft model's page pool, when one is loaded.
+    pub async fn draft_pool_stats(&self) -> Option<crate::kv::PoolStats> {
+        match &self.draft {
+            Some(d) => d.send(GetDraftPoolStats).await.ok(),
+            None => None,
+        }
+    }
+
     pub async fn kv_bytes_allocated(&self) -> usize {
         self.worker.send(KvBytes).await.unwrap_or(0)
     }
@@ -327,5 +387,8 @@ impl Engine {
     pub async fn clear_caches(&self) {
         let _ = self.registry.send(ExpireAll).await;
         let _ = self.pool.send(ClearCache).await;
+        if let Some(d) = &self.draft {
+            let _ = d.send(ClearIdleDrafts).await;
+        }
     }
 }

@@ -39,8 +39,9 @@ pub struct GenerateRequest {
     pub session: Option<SessionKey>,
     /// Higher is scheduled first and preempted last.
     pub priority: i32,
-    /// `Some(false)` turns speculative decoding off for this request; `None` follows the server.
-    pub speculative: Option<bool>,
+    /// `Some(Off)` turns speculative decoding off for this request, `Some(Only(d))` restricts
+    /// it to one drafter; `None` follows the server.
+    pub speculative: Option<crate::spec::SpecChoice>,
     /// A predicted output (OpenAI Predicted Outputs), tokenized: a source of drafts.
     pub prediction: Option<Vec<u32>>,
 }
@@ -74,6 +75,9 @@ pub enum EngineEvent {
         token_ids: Vec<u32>,
         logprobs: Vec<Option<f32>>,
         top_logprobs: Vec<Vec<(u32, f32)>>,
+        /// Per token, as in [`crate::scheduler::SeqEvent::Token`]: the depth of an accepted
+        /// speculative draft, or 0.
+        draft_depths: Vec<u8>,
     },
     Finished {
         reason: FinishReason,

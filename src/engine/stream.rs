@@ -31,6 +31,7 @@ impl StreamTask {
                     token_id,
                     logprob,
                     top_logprobs,
+                    draft_depth,
                 } => {
                     num_generated += 1;
                     first_token_at.get_or_insert_with(Instant::now);
@@ -42,6 +43,7 @@ impl StreamTask {
                         token_ids: vec![token_id],
                         logprobs: vec![logprob],
                         top_logprobs: vec![top_logprobs],
+                        draft_depths: vec![draft_depth],
                     };
                     if self.to_client.send(delta).is_err() {
                         break; // the client is gone: dropping our receiver cancels the sequence
@@ -73,6 +75,7 @@ impl StreamTask {
                             token_ids: Vec::new(),
                             logprobs: Vec::new(),
                             top_logprobs: Vec::new(),
+                            draft_depths: Vec::new(),
                         });
                     }
                     let reason = if stopped { FinishReason::Stop } else { reason };

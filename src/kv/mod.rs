@@ -12,5 +12,5 @@ pub mod table;
 
 pub use attention::{paged_attention, paged_attention_with, AttentionRow, AttentionShape};
 pub use pool::{PageId, PagePool, PoolStats};
-pub use storage::{HeadRows, KvDtype, KvKind, KvShape, KvStorage};
+pub use storage::{HeadRows, KvDtype, KvKind, KvShape, KvStorage, PageCopy};
 pub use table::PageTable;

@@ -2,7 +2,7 @@
 //! and give them back to. Refusals are values (`KvError`), never panics.
 
 use super::pool::{PageId, PagePool};
-use super::prefix_cache::PrefixCache;
+use super::prefix_cache::{PrefixCache, PrefixMatch};
 use crate::error::KvError;
 use actix::prelude::*;
 
@@ -38,9 +38,10 @@ pub struct Release {
     pub page_ids: Vec<PageId>,
 }
 
-/// The cached pages that start `tokens`, each retained for the caller.
+/// The cached pages that start `tokens` (and a page matching part of the rest), each retained
+/// for the caller.
 #[derive(Message)]
-#[rtype(result = "Result<Vec<PageId>, KvError>")]
+#[rtype(result = "Result<PrefixMatch, KvError>")]
 pub struct LookupPrefix {
     pub tokens: Vec<u32>,
 }
@@ -102,7 +103,7 @@ impl Handler<Release> for PagePoolActor {
 }
 
 impl Handler<LookupPrefix> for PagePoolActor {
-    type Result = Result<Vec<PageId>, KvError>;
+    type Result = Result<PrefixMatch, KvError>;
     fn handle(&mut self, msg: LookupPrefix, _: &mut Context<Self>) -> Self::Result {
         self.cache.lookup(&msg.tokens, &mut self.pool)
     }

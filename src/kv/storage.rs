@@ -212,6 +212,29 @@ impl<T: Copy + Default> Chunks<T> {
     fn bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.len()).sum::<usize>() * std::mem::size_of::<T>()
     }
+    /// Copies `len` elements from (chunk, offset) `from` to `to`.
+    fn copy(&mut self, from: (usize, usize), to: (usize, usize), len: usize) {
+        if from.0 == to.0 {
+            self.chunks[from.0].copy_within(from.1..from.1 + len, to.1);
+        } else {
+            let (a, b) = if from.0 < to.0 {
+                let (lo, hi) = self.chunks.split_at_mut(to.0);
+                (&lo[from.0], &mut hi[0])
+            } else {
+                let (lo, hi) = self.chunks.split_at_mut(from.0);
+                (&hi[0], &mut lo[to.0])
+            };
+            b[to.1..to.1 + len].copy_from_slice(&a[from.1..from.1 + len]);
+        }
+    }
+}
+
+/// Copy the first `num_slots` positions of page `src` into page `dst` (all layers and heads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCopy {
+    pub src: u32,
+    pub dst: u32,
+    pub num_slots: usize,
 }
 
 enum KvData {
@@ -358,6 +381,42 @@ impl KvStorage {
         }
     }
 
+    /// Copies the first `copy.num_slots` positions of page `copy.src` (every layer, K and V,
+    /// every head) into page `copy.dst`: the copy-on-write of a shared, partly reused page.
+    pub fn copy_slots(&mut self, copy: PageCopy) {
+        let (src, dst) = (copy.src as usize, copy.dst as usize);
+        self.ensure_page(src);
+        self.ensure_page(dst);
+        let shape = self.shape;
+        let (ps, hd) = (shape.page_size, shape.head_dim);
+        let n = copy.num_slots.min(ps);
+        for layer in 0..shape.num_layers {
+            for kind in [KvKind::Key, KvKind::Value] {
+                for head in 0..shape.num_kv_heads {
+                    let (sc, sb) = self.locate(src, layer, kind, head);
+                    let (dc, db) = self.locate(dst, layer, kind, head);
+                    let (s, d) = (sb * shape.head_block(), db * shape.head_block());
+                    // V rows are `[slot][head_dim]`: one run. K is `[head_dim][slot]`: a run of
+                    // `n` per dimension.
+                    let runs: Vec<(usize, usize, usize)> = match kind {
+                        KvKind::Value => vec![(s, d, n * hd)],
+                        KvKind::Key => (0..hd).map(|i| (s + i * ps, d + i * ps, n)).collect(),
+                    };
+                    for (s, d, len) in runs {
+                        match &mut self.data {
+                            KvData::F16(c) => c.copy((sc, s), (dc, d), len),
+                            KvData::F32(c) => c.copy((sc, s), (dc, d), len),
+                            KvData::Q8 { values, .. } => values.copy((sc, s), (dc, d), len),
+                        }
+                    }
+                    if let KvData::Q8 { scales, .. } = &mut self.data {
+                        scales.copy((sc, sb * ps), (dc, db * ps), n);
+                    }
+                }
+            }
+        }
+    }
+
     /// One head of K (transposed) or V in one page, read in place.
     pub fn head_rows(&self, page_id: u32, layer: usize, kind: KvKind, head: usize) -> HeadRows<'_> {
         let page = page_id as usize;
@@ -422,6 +481,59 @@ mod tests {
                 .decode_columns(3, 4, &mut out, 5);
             for d in 0..4 {
                 assert!((out[d * 5 + 2] - k[d]).abs() < tol, "{dtype:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn copied_slots_read_back_equal_in_every_dtype_and_across_chunks() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Q8] {
+            let mut kv = KvStorage::new(shape(), dtype, 100_000);
+            let far = (kv.pages_per_chunk * 2 + 1) as u32; // another chunk
+            for (src, dst) in [(3u32, 5u32), (3, far), (far, 4)] {
+                for slot in 0..3 {
+                    for layer in 0..2 {
+                        let k: Vec<f32> = (0..8)
+                            .map(|i| (i + slot * 8 + layer) as f32 * 0.1)
+                            .collect();
+                        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                        kv.write_token(src, slot, layer, &k, &v);
+                        kv.write_token(dst, slot, layer, &[9.0; 8], &[9.0; 8]);
+                    }
+                }
+                kv.copy_slots(PageCopy {
+                    src,
+                    dst,
+                    num_slots: 2,
+                });
+                let (mut a, mut b) = (vec![0.0; 12], vec![0.0; 12]);
+                for layer in 0..2 {
+                    for kind in [KvKind::Key, KvKind::Value] {
+                        for head in 0..2 {
+                            // As `[slot][head_dim]` for both kinds.
+                            for (page, out) in [(src, &mut a), (dst, &mut b)] {
+                                let rows = kv.head_rows(page, layer, kind, head);
+                                match kind {
+                                    KvKind::Value => rows.decode_rows(3, 4, out, 4),
+                                    KvKind::Key => {
+                                        let mut t = vec![0.0; 12];
+                                        rows.decode_columns(3, 4, &mut t, 3);
+                                        for slot in 0..3 {
+                                            for d in 0..4 {
+                                                out[slot * 4 + d] = t[d * 3 + slot];
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            assert_eq!(a[..8], b[..8], "{dtype:?} copied slots");
+                            assert!(
+                                b[8..].iter().all(|&x| x == 9.0),
+                                "{dtype:?} slot 2 untouched"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use super::batch::{ForwardOutput, OutputRows, SeqStep};
 use crate::error::EngineError;
-use crate::kv::{KvDtype, KvStorage, PageId};
+use crate::kv::{KvDtype, KvStorage, PageCopy, PageId};
 use crate::model::Transformer;
 use actix::prelude::*;
 use std::sync::Arc;
@@ -47,6 +47,8 @@ pub struct OwnedSeqStep {
 pub struct Forward {
     pub steps: Vec<OwnedSeqStep>,
     pub want_hidden: bool,
+    /// Copy-on-write page copies, run before the forward reads or writes any page.
+    pub copies: Vec<PageCopy>,
 }
 
 impl Handler<Forward> for ModelWorker {
@@ -65,6 +67,9 @@ impl Handler<Forward> for ModelWorker {
             .collect();
         // A bug in a kernel must fail this step's requests, not take the worker thread down.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for &copy in &msg.copies {
+                self.kv.copy_slots(copy);
+            }
             self.model.forward(&steps, &mut self.kv, msg.want_hidden)
         }));
         match result {

@@ -9,14 +9,17 @@ use super::events::{FinishReason, SeqEvent, Usage};
 use super::plan::{plan_step, Grant, SchedulerConfig, StepPlan};
 use super::sequence::{SeqId, Sequence};
 use crate::error::{EngineError, KvError};
-use crate::kv::pool_actor::{GetPoolStats, PagePoolActor};
+use crate::kv::pool_actor::{GetPoolStats, PagePoolActor, Release};
 use crate::kv::PageId;
 use crate::runner::batch::{ForwardOutput, OutputRows};
 use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep};
-use crate::sampling::{SampleOutput, Sampler, TokenHistory};
+use crate::sampling::{Distribution, SampleOutput, Sampler, TokenHistory};
 use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
 use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor, Truncate};
-use crate::spec::{self, SeqSpec, SpecConfig, SpecCounters};
+use crate::spec::cost::DraftModelCosts;
+use crate::spec::draft_model::{DraftAsk, DraftRound, DraftWorker};
+use crate::spec::drafter_kv::{BeginDraft, DraftKey, DraftReply, EndDraft};
+use crate::spec::{self, DraftSource, Proposal, SeqSpec, SpecConfig, SpecCounters};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -35,6 +38,8 @@ pub struct Submission {
     pub session: Addr<SessionActor>,
     /// A throwaway session (no session id): its pages are released when the turn ends.
     pub ephemeral: bool,
+    /// Names this sequence's draft-model K/V (the session's key when it persists).
+    pub draft_key: DraftKey,
     pub events: UnboundedSender<SeqEvent>,
 }
 
@@ -43,6 +48,8 @@ struct Active {
     running: bool,
     sub: Submission,
     page_ids: Vec<PageId>,
+    /// The draft model's distributions for `seq.drafts` (sampled requests only).
+    draft_probs: Option<Vec<Distribution>>,
     admitted_at: Instant,
     first_token_at: Option<Instant>,
 }
@@ -61,6 +68,30 @@ pub struct SchedulerActor {
     step_in_flight: bool,
     step_started: Instant,
     stats: SchedulerStats,
+    /// The draft model's thread, when one is loaded.
+    draft: Option<Addr<DraftWorker>>,
+    /// Its measured costs and the guard that pauses it while it is slower than plain decoding.
+    draft_costs: Option<DraftModelCosts>,
+    /// What the step in flight did, for the cost guard.
+    tally: StepTally,
+}
+
+/// What one step did, as the draft model's cost guard needs to know.
+#[derive(Debug, Clone, Copy, Default)]
+struct StepTally {
+    /// Time of the draft-model round before the forward (zero without one).
+    draft_time: Duration,
+    /// The round drafted something.
+    model_drafted: bool,
+    /// The round also brought a sequence far behind up to date (a one-off per turn).
+    draft_catch_up: bool,
+    /// Some grant prefilled prompt tokens (such steps are not comparable).
+    prefill: bool,
+    /// Some grant verified drafts.
+    verified: bool,
+    /// Plain decode grants.
+    num_decode_rows: usize,
+    tokens_before: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -78,6 +109,12 @@ pub struct SchedulerStats {
     pub forward_steps: u64,
     /// Drafted and accepted tokens by drafter and depth position.
     pub spec: SpecCounters,
+    /// Times the cost guard paused the draft model for being slower than plain decoding.
+    pub draft_model_pauses: u32,
+    /// Milliseconds per committed token, measured: plain decode steps, and steps verifying
+    /// draft-model drafts (draft + verify); zero without a draft model.
+    pub plain_ms_per_token: f64,
+    pub draft_model_ms_per_token: f64,
 }
 
 pub struct SchedulerParts {
@@ -89,6 +126,8 @@ pub struct SchedulerParts {
     pub worker: Addr<ModelWorker>,
     pub pool: Addr<PagePoolActor>,
     pub registry: Addr<SessionRegistry>,
+    pub draft: Option<Addr<DraftWorker>>,
+    pub draft_costs: Option<DraftModelCosts>,
 }
 
 impl SchedulerActor {
@@ -107,6 +146,9 @@ impl SchedulerActor {
             step_in_flight: false,
             step_started: Instant::now(),
             stats: SchedulerStats::default(),
+            draft: p.draft,
+            draft_costs: p.draft_costs,
+            tally: StepTally::default(),
         }
     }
 
@@ -133,12 +175,21 @@ impl SchedulerActor {
                         decode_ms: now.duration_since(first).as_secs_f64() * 1e3,
                         draft_tokens: a.sub.spec.num_drafted,
                         accepted_draft_tokens: a.sub.spec.num_accepted,
+                        draft_by_depth: a.sub.spec.by_depth,
                     },
                 }
             }
             Err(e) => SeqEvent::Error(e),
         };
         let _ = a.sub.events.send(event);
+        if let Some(draft) = self.draft.as_ref() {
+            if a.sub.spec.may_use(DraftSource::DraftModel) {
+                draft.do_send(EndDraft {
+                    key: a.sub.draft_key.clone(),
+                    keep: !a.sub.ephemeral,
+                });
+            }
+        }
         a.sub.session.do_send(EndTurn { publish: true });
         if a.sub.ephemeral {
             a.sub.session.do_send(ReleaseAll);
@@ -158,16 +209,23 @@ impl SchedulerActor {
     }
 
     /// Asks each decoding sequence's drafter for drafts, unless the batch is large enough that
-    /// decode is no longer memory-bound (then plain batched decoding is cheaper).
-    fn propose_drafts(&mut self) {
+    /// decode is no longer memory-bound (then plain batched decoding is cheaper). Context drafts
+    /// are ready at once; the sequences that want draft-model drafts are returned as asks.
+    fn propose_drafts(&mut self) -> (Vec<SeqId>, Vec<DraftAsk>) {
         let num_decoding = self
             .active
             .values()
             .filter(|a| a.running && a.seq.num_pending() == 1)
             .count();
         let allowed = self.spec.is_on() && num_decoding <= self.spec.max_batch_seqs;
-        for a in self.active.values_mut() {
+        let model_ok = self.draft.is_some()
+            && (self.spec.depth.is_some()
+                || self.draft_costs.as_ref().is_none_or(|c| c.draft_model_ok()));
+        let mut ids = Vec::new();
+        let mut asks = Vec::new();
+        for (&id, a) in self.active.iter_mut() {
             a.seq.drafts.clear();
+            a.draft_probs = None;
             if !allowed || !a.running || a.seq.num_pending() != 1 {
                 continue;
             }
@@ -175,11 +233,94 @@ impl SchedulerActor {
             let remaining = a.sub.max_tokens.saturating_sub(a.seq.num_generated());
             let room = self.context_window.saturating_sub(a.seq.tokens.len());
             let limit = remaining.saturating_sub(1).min(room);
-            a.seq.drafts = a
-                .sub
-                .spec
-                .propose(&self.spec, &a.seq.tokens, a.seq.num_prompt, limit);
+            let proposal =
+                a.sub
+                    .spec
+                    .propose(&self.spec, &a.seq.tokens, a.seq.num_prompt, limit, model_ok);
+            match proposal {
+                Proposal::None => {}
+                Proposal::Drafts(d) => a.seq.drafts = d,
+                Proposal::DraftModel { num_drafts } => {
+                    ids.push(id);
+                    asks.push(DraftAsk {
+                        key: a.sub.draft_key.clone(),
+                        tokens: a.seq.tokens.clone(),
+                        num_prompt: a.seq.num_prompt,
+                        num_drafts,
+                    });
+                }
+            }
         }
+        (ids, asks)
+    }
+
+    /// Sends the asks to the draft model's thread (nothing to wait for without asks).
+    fn request_model_drafts(
+        &self,
+        asks: Vec<DraftAsk>,
+    ) -> impl std::future::Future<Output = Option<(DraftReply, Duration)>> {
+        let worker = self.draft.clone().filter(|_| !asks.is_empty());
+        async move {
+            let worker = worker?;
+            let started = Instant::now();
+            let reply = worker.send(DraftRound { asks }).await.ok()?;
+            Some((reply, started.elapsed()))
+        }
+    }
+
+    /// Hands each sequence the draft model's drafts (and their distributions).
+    fn take_model_drafts(&mut self, ids: Vec<SeqId>, reply: Option<(DraftReply, Duration)>) {
+        let Some((reply, elapsed)) = reply else {
+            for id in ids {
+                if let Some(a) = self.active.get_mut(&id) {
+                    a.sub.spec.source = None;
+                }
+            }
+            return;
+        };
+        self.tally.draft_time = elapsed;
+        self.tally.draft_catch_up = reply.num_catch_up_rows > 0;
+        for (id, drafted) in ids.into_iter().zip(reply.results) {
+            let Some(a) = self.active.get_mut(&id) else {
+                continue;
+            };
+            if drafted.drafts.is_empty() {
+                a.sub.spec.source = None;
+                continue;
+            }
+            self.tally.model_drafted = true;
+            a.seq.drafts = drafted.drafts;
+            a.draft_probs = drafted.probs;
+        }
+        if let Some(c) = self.draft_costs.as_mut() {
+            if self.tally.model_drafted && !self.tally.draft_catch_up {
+                c.observe_draft_round(reply.elapsed, reply.num_forwards);
+            }
+        }
+    }
+
+    /// Feeds the step just applied to the draft model's cost guard.
+    fn observe_costs(&mut self, forward_time: Duration) {
+        let t = self.tally;
+        let Some(c) = self.draft_costs.as_mut() else {
+            return;
+        };
+        let committed = (self.stats.tokens_generated - t.tokens_before) as usize;
+        // Prefill steps and a turn's one-off draft catch-up are not comparable.
+        if !t.prefill && !t.draft_catch_up {
+            if t.model_drafted {
+                c.observe_speculative(t.draft_time + forward_time, committed);
+            } else if !t.verified && t.draft_time.is_zero() {
+                c.observe_plain(forward_time, t.num_decode_rows);
+            }
+        }
+        if self.spec.depth.is_none() {
+            self.spec.draft_cost = c.relative_draft_cost();
+        }
+        self.stats.draft_model_pauses = c.num_pauses;
+        let (plain, spec) = c.per_token_s();
+        self.stats.plain_ms_per_token = plain * 1e3;
+        self.stats.draft_model_ms_per_token = spec * 1e3;
     }
 
     fn plan(&self, available_pages: usize) -> StepPlan {
@@ -202,6 +343,7 @@ impl SchedulerActor {
                 a.seq.num_computed = 0;
                 a.seq.num_pages = 0;
                 a.seq.drafts.clear();
+                a.draft_probs = None;
                 a.page_ids.clear();
                 a.running = false;
                 self.stats.num_preemptions += 1;
@@ -235,20 +377,26 @@ impl SchedulerActor {
             })
             .collect();
         let worker = self.worker.clone();
+        let pool = self.pool.clone();
         async move {
             let mut granted = Vec::new();
             let mut refused = Vec::new();
+            let mut copies = Vec::new();
             for (grant, start, tokens, grow) in grows {
                 match grow.await.map_err(EngineError::from).and_then(|r| r) {
-                    Ok(page_ids) => granted.push(Granted {
-                        grant,
-                        start,
-                        tokens,
-                        page_ids,
-                    }),
+                    Ok(grown) => {
+                        copies.extend(grown.copies);
+                        granted.push(Granted {
+                            grant,
+                            start,
+                            tokens,
+                            page_ids: grown.page_ids,
+                        })
+                    }
                     Err(e) => refused.push((grant.seq_id, e)),
                 }
             }
+            let copy_sources: Vec<PageId> = copies.iter().map(|c| c.src).collect();
             let steps: Vec<OwnedSeqStep> = granted
                 .iter()
                 .map(|g| OwnedSeqStep {
@@ -270,11 +418,18 @@ impl SchedulerActor {
                 let out = worker.send(Forward {
                     steps,
                     want_hidden: false,
+                    copies,
                 });
                 let out = out.await.map_err(EngineError::from).and_then(|r| r);
                 forward_time = started.elapsed();
                 Some(out)
             };
+            // The copies are done (or their sequences failed): their sources go back.
+            if !copy_sources.is_empty() {
+                pool.do_send(Release {
+                    page_ids: copy_sources,
+                });
+            }
             StepOutcome {
                 granted,
                 refused,
@@ -325,6 +480,10 @@ impl SchedulerActor {
             if a.seq.num_computed <= a.seq.num_prompt {
                 self.stats.prompt_tokens_computed += tokens.len() as u64;
             }
+            let plain_rows = g.num_tokens - g.num_drafts;
+            self.tally.prefill |= plain_rows > 1 || !g.wants_logits;
+            self.tally.verified |= g.num_drafts > 0;
+            self.tally.num_decode_rows += usize::from(g.num_drafts == 0 && plain_rows == 1);
             if g.num_drafts > 0 {
                 self.verify_and_commit(id, &out, batch_index, tokens.len());
             } else if g.wants_logits {
@@ -353,9 +512,16 @@ impl SchedulerActor {
             .map(|r| out.logits_row(r))
             .collect();
         let drafts = std::mem::take(&mut a.seq.drafts);
+        let probs = a.draft_probs.take();
         let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
         let history = TokenHistory::new(prompt, generated);
-        let verdict = match spec::verify(&mut a.sub.sampler, &history, &drafts, None, &rows) {
+        let verdict = match spec::verify(
+            &mut a.sub.sampler,
+            &history,
+            &drafts,
+            probs.as_deref(),
+            &rows,
+        ) {
             Ok(v) => v,
             Err(e) => {
                 self.finish(id, Err(EngineError::InvalidRequest(e.to_string())));
@@ -379,8 +545,10 @@ impl SchedulerActor {
             a.seq.num_pages = keep.div_ceil(page_size);
             a.page_ids.truncate(a.seq.num_pages);
         }
-        for sampled in verdict.emitted.into_iter().take(num_commit) {
-            if self.emit(id, sampled) {
+        for (i, sampled) in verdict.emitted.into_iter().take(num_commit).enumerate() {
+            // The first `num_accepted` emitted tokens are the accepted drafts, in order.
+            let draft_depth = if i < verdict.num_accepted { i + 1 } else { 0 };
+            if self.emit(id, sampled, draft_depth as u8) {
                 break;
             }
         }
@@ -411,15 +579,15 @@ impl SchedulerActor {
             .sample(out.logits_row(row), &TokenHistory::new(prompt, generated));
         match sampled {
             Ok(s) => {
-                self.emit(id, s);
+                self.emit(id, s, 0);
             }
             Err(e) => self.finish(id, Err(EngineError::InvalidRequest(e.to_string()))),
         }
     }
 
-    /// Commits one token: appends it, streams it, and finishes the sequence when it ends there
-    /// (then returns `true`).
-    fn emit(&mut self, id: SeqId, s: SampleOutput) -> bool {
+    /// Commits one token (`draft_depth` as in [`SeqEvent::Token`]): appends it, streams it, and
+    /// finishes the sequence when it ends there (then returns `true`).
+    fn emit(&mut self, id: SeqId, s: SampleOutput, draft_depth: u8) -> bool {
         let a = self.active.get_mut(&id).unwrap();
         a.seq.tokens.push(s.token);
         a.first_token_at.get_or_insert_with(Instant::now);
@@ -428,6 +596,7 @@ impl SchedulerActor {
             token_id: s.token,
             logprob: s.logprob,
             top_logprobs: s.top_logprobs,
+            draft_depth,
         });
         let reason = if self.stop_token_ids.contains(&s.token) {
             Some(FinishReason::Stop)
@@ -483,20 +652,32 @@ impl Handler<Step> for SchedulerActor {
         }
         self.step_in_flight = true;
         self.step_started = Instant::now();
+        self.tally = StepTally {
+            tokens_before: self.stats.tokens_generated,
+            ..StepTally::default()
+        };
         let step = self
             .pool
             .send(GetPoolStats)
             .into_actor(self)
             .then(|stats, act, _| {
                 let available = stats.map(|s| s.num_available()).unwrap_or(0);
-                act.propose_drafts();
-                let plan = act.plan(available);
-                act.execute(plan)
+                let (ids, asks) = act.propose_drafts();
+                act.request_model_drafts(asks)
+                    .into_actor(act)
+                    .then(move |reply, act, _| {
+                        act.take_model_drafts(ids, reply);
+                        let plan = act.plan(available);
+                        act.execute(plan)
+                    })
             })
             .map(|outcome, act, ctx| {
                 let idle = outcome.forward.is_none();
                 let forward_time = outcome.forward_time;
                 act.apply(outcome);
+                if !idle {
+                    act.observe_costs(forward_time);
+                }
                 if !idle {
                     let overhead = act.step_started.elapsed().saturating_sub(forward_time);
                     let us = overhead.as_micros() as u64;
@@ -535,6 +716,15 @@ impl Handler<Enqueue> for SchedulerActor {
             });
         }
         let sub = msg.0;
+        if let Some(draft) = self.draft.as_ref() {
+            if sub.spec.may_use(DraftSource::DraftModel) {
+                draft.do_send(BeginDraft {
+                    key: sub.draft_key.clone(),
+                    params: sub.sampler.params().clone(),
+                    seed: sub.sampler.seed() ^ 0x9e37_79b9_7f4a_7c15,
+                });
+            }
+        }
         let id = self.next_id;
         self.next_id += 1;
         let mut seq = Sequence::new(id, id, sub.tokens.clone(), sub.cached_tokens, sub.num_pages);
@@ -546,6 +736,7 @@ impl Handler<Enqueue> for SchedulerActor {
                 running: false,
                 sub,
                 page_ids: Vec::new(),
+                draft_probs: None,
                 admitted_at: Instant::now(),
                 first_token_at: None,
             },

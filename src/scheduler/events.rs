@@ -27,7 +27,13 @@ pub struct Usage {
     /// Draft tokens verified (speculative decoding), and how many of them were accepted.
     pub draft_tokens: usize,
     pub accepted_draft_tokens: usize,
+    /// Per draft position (depth 1 first): how many drafts were verified there, and how many
+    /// of those were accepted.
+    pub draft_by_depth: DepthCounts,
 }
+
+/// `[verified, accepted]` per draft position, depth 1 first.
+pub type DepthCounts = [[u32; 2]; crate::spec::MAX_DEPTH];
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SeqEvent {
@@ -35,6 +41,10 @@ pub enum SeqEvent {
         token_id: u32,
         logprob: Option<f32>,
         top_logprobs: Vec<(u32, f32)>,
+        /// The token's position in its speculative round when it was an accepted draft (1 =
+        /// first draft), 0 when the model sampled it (plain decoding, or a round's bonus or
+        /// correction token).
+        draft_depth: u8,
     },
     Finished {
         reason: FinishReason,

@@ -3,11 +3,16 @@
 //!
 //! Invariant: `tokens.len() == table.len()` — the history is exactly the positions whose K/V is
 //! in the pages. The leading `num_shared` pages are also indexed by the prefix cache, so they
-//! are never written again: a turn that diverges inside one of them drops that whole page.
+//! are never written again. A turn that diverges inside one of them, or whose prompt matches
+//! the start of a cached page, still reuses those positions: copy-on-write. The session keeps a
+//! reference on the source page and reports the positions as cached ([`PartialPage`]); the
+//! next [`Grow`] takes the page for them with the step's others (so the scheduler's page
+//! budget covers it) and hands the copy to the scheduler, which has the model worker run it
+//! before the forward and then releases the source.
 
 use crate::error::EngineError;
 use crate::kv::pool_actor::{Allocate, LookupPrefix, PagePoolActor, PublishPrefix, Release};
-use crate::kv::{PageId, PageTable};
+use crate::kv::{PageCopy, PageId, PageTable};
 use actix::prelude::*;
 use std::time::Instant;
 
@@ -18,6 +23,8 @@ pub struct SessionActor {
     tokens: Vec<u32>,
     table: PageTable,
     num_shared: usize,
+    /// Reused positions past the last whole page, to be copied from a shared page.
+    partial: Option<PartialPage>,
     turn_in_progress: bool,
     last_used: Instant,
 }
@@ -31,17 +38,27 @@ impl SessionActor {
             tokens: Vec::new(),
             table: PageTable::new(),
             num_shared: 0,
+            partial: None,
             turn_in_progress: false,
             last_used: Instant::now(),
         }
     }
 
-    /// Cuts history and pages back to `len` and returns the emptied pages.
+    /// Cuts history and pages back to `len` and returns the pages to release (the emptied
+    /// ones, and the source of a copy not made).
     fn cut(&mut self, len: usize) -> Vec<PageId> {
-        let emptied = self.table.cut(len, self.page_size);
+        let mut emptied = self.table.cut(len, self.page_size);
+        emptied.extend(self.partial.take().map(|p| p.src));
         self.tokens.truncate(self.table.len());
         self.num_shared = self.num_shared.min(self.table.page_ids().len());
         emptied
+    }
+
+    fn turn_start(&self) -> TurnStart {
+        TurnStart {
+            cached_tokens: self.table.len() + self.partial.as_ref().map_or(0, |p| p.tokens.len()),
+            num_pages: self.table.page_ids().len(),
+        }
     }
 
     fn release_later(&self, page_ids: Vec<PageId>) {
@@ -90,19 +107,22 @@ impl Handler<BeginTurn> for SessionActor {
         self.last_used = Instant::now();
         // At least one prompt token is always computed: its logits start the reply.
         let limit = msg.prompt.len().saturating_sub(1);
-        let mut reuse = common_prefix(&self.tokens, &msg.prompt).min(limit);
-        let shared_len = self.num_shared * self.page_size;
-        if reuse < shared_len && !reuse.is_multiple_of(self.page_size) {
-            reuse -= reuse % self.page_size;
+        let reuse = common_prefix(&self.tokens, &msg.prompt).min(limit);
+        let page_size = self.page_size;
+        if reuse < self.num_shared * page_size && !reuse.is_multiple_of(page_size) {
+            // Diverging inside a shared page: keep it only as the source of a copy.
+            let boundary = reuse - reuse % page_size;
+            let tokens = self.tokens[boundary..reuse].to_vec();
+            let mut emptied = self.cut(boundary);
+            let src = emptied.remove(0); // the first emptied page is the one the copy reads
+            self.release_later(emptied);
+            self.partial = Some(PartialPage { src, tokens });
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(self.turn_start()))));
         }
         let emptied = self.cut(reuse);
         self.release_later(emptied);
         if !self.table.is_empty() {
-            let start = TurnStart {
-                cached_tokens: self.table.len(),
-                num_pages: self.table.page_ids().len(),
-            };
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(start))));
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(self.turn_start()))));
         }
         let lookup = self.pool.send(LookupPrefix {
             tokens: msg.prompt[..limit].to_vec(),
@@ -110,32 +130,53 @@ impl Handler<BeginTurn> for SessionActor {
         AtomicResponse::new(Box::pin(lookup.into_actor(self).map(
             move |found, act, _| {
                 let found = found??;
-                let len = found.len() * act.page_size;
-                act.table.push_granted(&found, len, act.page_size);
+                let len = found.pages.len() * page_size;
+                act.table.push_granted(&found.pages, len, page_size);
                 act.tokens.extend_from_slice(&msg.prompt[..len]);
-                act.num_shared = found.len();
-                Ok(TurnStart {
-                    cached_tokens: len,
-                    num_pages: found.len(),
-                })
+                act.num_shared = found.pages.len();
+                act.partial = found.partial.map(|p| PartialPage {
+                    src: p.page_id,
+                    tokens: msg.prompt[len..len + p.len].to_vec(),
+                });
+                Ok(act.turn_start())
             },
         )))
     }
 }
 
+/// Positions reused from part of a shared page, not yet copied into a page of the session's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PartialPage {
+    /// Holds them; the session has a reference on it until the copy is handed out.
+    src: PageId,
+    tokens: Vec<u32>,
+}
+
 /// Make room for `tokens` (whose K/V the next step computes) and record them in the history.
-/// Replies with the whole page table, or a typed refusal that changes nothing.
+/// Replies with the whole page table and the pending copies, or a typed refusal that changes
+/// nothing.
 #[derive(Message)]
-#[rtype(result = "Result<Vec<PageId>, EngineError>")]
+#[rtype(result = "Result<Grown, EngineError>")]
 pub struct Grow {
     pub tokens: Vec<u32>,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grown {
+    pub page_ids: Vec<PageId>,
+    /// Copies to run before the step's forward; after them, each source page's reference is
+    /// the caller's to release.
+    pub copies: Vec<PageCopy>,
+}
+
 impl Handler<Grow> for SessionActor {
-    type Result = AtomicResponse<Self, Result<Vec<PageId>, EngineError>>;
+    type Result = AtomicResponse<Self, Result<Grown, EngineError>>;
 
     fn handle(&mut self, msg: Grow, _: &mut Context<Self>) -> Self::Result {
-        let need = self.table.pages_needed(msg.tokens.len(), self.page_size);
+        let partial_len = self.partial.as_ref().map_or(0, |p| p.tokens.len());
+        let need = self
+            .table
+            .pages_needed(partial_len + msg.tokens.len(), self.page_size);
         let pool = self.pool.clone();
         let allocate = async move {
             if need == 0 {
@@ -146,10 +187,29 @@ impl Handler<Grow> for SessionActor {
         AtomicResponse::new(Box::pin(allocate.into_actor(self).map(
             move |granted: Result<Vec<PageId>, EngineError>, act, _| {
                 let pages = granted?;
+                // The table ends on a page boundary while a copy is pending, so the copied
+                // positions go to the first new page.
+                let copies = match act.partial.take() {
+                    Some(p) => {
+                        act.table.push_granted(&pages[..1], 0, act.page_size);
+                        act.table.push_granted(&[], p.tokens.len(), act.page_size);
+                        act.tokens.extend_from_slice(&p.tokens);
+                        vec![PageCopy {
+                            src: p.src,
+                            dst: pages[0],
+                            num_slots: p.tokens.len(),
+                        }]
+                    }
+                    None => Vec::new(),
+                };
+                let rest = &pages[copies.len()..];
                 act.table
-                    .push_granted(&pages, msg.tokens.len(), act.page_size);
+                    .push_granted(rest, msg.tokens.len(), act.page_size);
                 act.tokens.extend_from_slice(&msg.tokens);
-                Ok(act.table.page_ids().to_vec())
+                Ok(Grown {
+                    page_ids: act.table.page_ids().to_vec(),
+                    copies,
+                })
             },
         )))
     }

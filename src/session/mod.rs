@@ -5,6 +5,6 @@ pub mod actor;
 pub mod registry;
 
 pub use actor::{
-    BeginTurn, EndTurn, Grow, ReleaseAll, SessionActor, SessionInfo, Truncate, TurnStart,
+    BeginTurn, EndTurn, Grow, Grown, ReleaseAll, SessionActor, SessionInfo, Truncate, TurnStart,
 };
 pub use registry::{SessionKey, SessionRegistry};

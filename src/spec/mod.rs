@@ -1,49 +1,177 @@
 //! Speculative decoding: drafters propose tokens, the target verifies them all in one forward
 //! pass, and [`verify::verify`] keeps exactly what the target would have produced.
 //!
-//! Owns: the drafters (context n-gram, Predicted Outputs), the verifier, and each sequence's
-//! speculation state ([`SeqSpec`]: its draft source, acceptance by depth, adaptive depth). The
-//! scheduler actor calls into it once per step, before planning (drafts become verify rows of
-//! the grant) and after the forward (verdicts commit tokens and roll the session back past
-//! rejected drafts). Never touches: pages, sessions, the model — it sees token ids and logits.
+//! Owns: the drafters (context n-gram, Predicted Outputs, a draft model on its own thread with
+//! its own KV pages), the verifier, the measured costs that decide whether drafting pays, and
+//! each sequence's speculation state ([`SeqSpec`]: the drafters it may use, acceptance by depth,
+//! adaptive depth). The scheduler actor calls into it once per step, before planning (drafts
+//! become verify rows of the grant) and after the forward (verdicts commit tokens and roll the
+//! session back past rejected drafts). Never touches: the target's pages, sessions, the target
+//! model — it sees token ids and logits.
 
 pub mod cost;
 pub mod depth;
+pub mod draft_model;
+pub mod drafter_kv;
 pub mod ngram;
+mod seq;
 pub mod verify;
 
 pub use depth::{Acceptance, MAX_DEPTH};
+pub use seq::{Proposal, SeqSpec};
 pub use verify::{verify, Verdict};
 
-/// Which drafter the server uses.
+/// Which drafters the server uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SpecMode {
     /// No speculation.
     #[default]
     Off,
-    /// Per step: a predicted output, else a context n-gram match, else plain decoding.
+    /// Per step: a predicted output or a context n-gram match of useful length, else MTP heads
+    /// if the model has them, else the draft model if one is loaded, else plain decoding.
     Auto,
     /// Context n-gram lookup (and predicted outputs).
     Ngram,
+    /// The model's MTP heads only.
+    Mtp,
+    /// The draft model (`--draft-model`) only.
+    Draft,
+}
+
+/// Where a round's drafts came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftSource {
+    /// The request's Predicted Output.
+    Prediction,
+    /// Context n-gram lookup.
+    Ngram,
+    /// A smaller model with the same vocabulary (`--draft-model`).
+    DraftModel,
+    /// The target model's own MTP (`nextn`) heads.
+    Mtp,
+}
+
+impl DraftSource {
+    pub const ALL: [DraftSource; NUM_SOURCES] = [
+        DraftSource::Prediction,
+        DraftSource::Ngram,
+        DraftSource::DraftModel,
+        DraftSource::Mtp,
+    ];
+
+    /// The name used by `--speculative`, the request field `speculative` and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftSource::Prediction => "prediction",
+            DraftSource::Ngram => "ngram",
+            DraftSource::DraftModel => "draft",
+            DraftSource::Mtp => "mtp",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How many drafters exist.
+pub const NUM_SOURCES: usize = 4;
+
+/// A set of drafters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DrafterSet(u8);
+
+impl DrafterSet {
+    pub const NONE: DrafterSet = DrafterSet(0);
+
+    pub fn only(source: DraftSource) -> Self {
+        DrafterSet(1 << source.index())
+    }
+
+    pub fn of(sources: &[DraftSource]) -> Self {
+        sources.iter().fold(Self::NONE, |s, &d| s.with(d))
+    }
+
+    pub fn with(self, source: DraftSource) -> Self {
+        DrafterSet(self.0 | (1 << source.index()))
+    }
+
+    pub fn contains(self, source: DraftSource) -> bool {
+        self.0 & (1 << source.index()) != 0
+    }
+
+    pub fn intersect(self, other: DrafterSet) -> Self {
+        DrafterSet(self.0 & other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn names(self) -> Vec<&'static str> {
+        DraftSource::ALL
+            .into_iter()
+            .filter(|s| self.contains(*s))
+            .map(DraftSource::name)
+            .collect()
+    }
+}
+
+/// What a request asks of speculation (the request field `speculative`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecChoice {
+    /// Whatever the server runs.
+    #[default]
+    On,
+    /// Plain decoding.
+    Off,
+    /// Only this drafter (if the server runs it).
+    Only(DraftSource),
+}
+
+impl From<bool> for SpecChoice {
+    fn from(on: bool) -> Self {
+        if on {
+            SpecChoice::On
+        } else {
+            SpecChoice::Off
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpecConfig {
     pub mode: SpecMode,
-    /// A fixed draft depth; `None` adapts it per sequence from measured acceptance.
+    /// A fixed draft depth (always drafted, never paused by the cost guard: for measurements
+    /// and tests); `None` adapts it per sequence from measured acceptance and cost.
     pub depth: Option<usize>,
     /// The deepest draft when adapting.
     pub max_depth: usize,
     /// Shortest and longest context suffix the n-gram drafter matches.
     pub min_ngram: usize,
     pub max_ngram: usize,
+    /// In `auto` mode with a model drafter loaded, a shorter context match than this defers to
+    /// the model drafter.
+    pub useful_ngram: usize,
     /// With more decoding sequences than this in a step, decode is no longer memory-bound:
     /// plain batched decoding is used.
     pub max_batch_seqs: usize,
     /// The cost of one extra verify row relative to a one-row decode step (measured at
     /// start-up by the engine when speculation is on).
     pub row_cost: f64,
+    /// One draft-model forward relative to a one-row target decode step (measured at start-up,
+    /// then kept up to date by the scheduler from the steps it times).
+    pub draft_cost: f64,
+    /// Whether a draft model is loaded (set by the engine).
+    pub has_draft_model: bool,
+    /// Whether the target's MTP heads are loaded (set by the engine).
+    pub has_mtp: bool,
 }
 
 impl Default for SpecConfig {
@@ -54,15 +182,62 @@ impl Default for SpecConfig {
             max_depth: 8,
             min_ngram: 2,
             max_ngram: 16,
+            useful_ngram: 3,
             max_batch_seqs: 4,
             row_cost: 0.1,
+            draft_cost: 0.5,
+            has_draft_model: false,
+            has_mtp: false,
         }
     }
 }
 
 impl SpecConfig {
     pub fn is_on(&self) -> bool {
-        self.mode != SpecMode::Off
+        !self.drafters().is_empty()
+    }
+
+    /// The drafters this server runs: those its mode names that are loaded.
+    pub fn drafters(&self) -> DrafterSet {
+        use DraftSource::*;
+        let loaded = self.loaded();
+        let wanted = match self.mode {
+            SpecMode::Off => DrafterSet::NONE,
+            SpecMode::Auto => DrafterSet::of(&[Prediction, Ngram, DraftModel, Mtp]),
+            SpecMode::Ngram => DrafterSet::of(&[Prediction, Ngram]),
+            SpecMode::Mtp => DrafterSet::only(Mtp),
+            SpecMode::Draft => DrafterSet::only(DraftModel),
+        };
+        wanted.intersect(loaded)
+    }
+
+    /// The drafters this server could run: the context ones and the models it has loaded.
+    pub fn loaded(&self) -> DrafterSet {
+        let mut set = DrafterSet::of(&[DraftSource::Prediction, DraftSource::Ngram]);
+        if self.has_draft_model {
+            set = set.with(DraftSource::DraftModel);
+        }
+        if self.has_mtp {
+            set = set.with(DraftSource::Mtp);
+        }
+        set
+    }
+
+    /// The drafters a request may use, or why its choice cannot be honoured.
+    pub fn drafters_for(&self, choice: SpecChoice) -> Result<DrafterSet, String> {
+        match choice {
+            SpecChoice::On => Ok(self.drafters()),
+            SpecChoice::Off => Ok(DrafterSet::NONE),
+            SpecChoice::Only(source) if !self.loaded().contains(source) => Err(format!(
+                "`speculative`: \"{}\" is not available on this server ({})",
+                source.name(),
+                match source {
+                    DraftSource::DraftModel => "it was started without --draft-model",
+                    _ => "the model has no MTP heads",
+                }
+            )),
+            SpecChoice::Only(source) => Ok(self.drafters().intersect(DrafterSet::only(source))),
+        }
     }
 }
 
@@ -70,10 +245,11 @@ impl SpecConfig {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SpecArgs {
     /// Speculative decoding: `auto` drafts from a predicted output or a context n-gram match
-    /// when there is one; `off` decodes plainly.
+    /// when there is one, else from the MTP heads or the draft model when loaded; `ngram`,
+    /// `mtp` and `draft` use only that drafter; `off` decodes plainly.
     #[arg(long, value_enum, default_value_t = SpecMode::Auto)]
     pub speculative: SpecMode,
-    /// A fixed draft depth (default: adapt per sequence from measured acceptance).
+    /// A fixed draft depth (default: adapt per sequence from measured acceptance and cost).
     #[arg(long)]
     pub spec_depth: Option<usize>,
     /// The deepest draft when adapting.
@@ -82,6 +258,9 @@ pub struct SpecArgs {
     /// Above this many decoding sequences per step, decode plainly.
     #[arg(long, default_value_t = 4)]
     pub spec_max_batch: usize,
+    /// A smaller model with the same vocabulary that drafts for the target (NAME|PATH).
+    #[arg(long)]
+    pub draft_model: Option<String>,
 }
 
 impl SpecArgs {
@@ -94,30 +273,13 @@ impl SpecArgs {
             ..SpecConfig::default()
         }
     }
-}
 
-/// Where a round's drafts came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DraftSource {
-    /// The request's Predicted Output.
-    Prediction,
-    /// Context n-gram lookup.
-    Ngram,
-}
-
-impl DraftSource {
-    pub const ALL: [DraftSource; 2] = [DraftSource::Prediction, DraftSource::Ngram];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DraftSource::Prediction => "prediction",
-            DraftSource::Ngram => "ngram",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
+    /// The draft model's file, pulled on first use when it is a known name.
+    pub fn draft_model_path(&self) -> anyhow::Result<Option<std::path::PathBuf>> {
+        self.draft_model
+            .as_deref()
+            .map(|name| crate::pull::resolve_model(name, true))
+            .transpose()
     }
 }
 
@@ -125,11 +287,11 @@ impl DraftSource {
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct SpecCounters {
     /// Verification rounds (steps with drafts) per source.
-    pub rounds: [u64; 2],
+    pub rounds: [u64; NUM_SOURCES],
     /// Drafts verified at each depth position, per source.
-    pub drafted: [[u64; MAX_DEPTH]; 2],
+    pub drafted: [[u64; MAX_DEPTH]; NUM_SOURCES],
     /// Drafts accepted at each depth position, per source.
-    pub accepted: [[u64; MAX_DEPTH]; 2],
+    pub accepted: [[u64; MAX_DEPTH]; NUM_SOURCES],
 }
 
 impl SpecCounters {
@@ -150,144 +312,5 @@ impl SpecCounters {
 
     pub fn num_accepted(&self, source: DraftSource) -> u64 {
         self.accepted[source.index()].iter().sum()
-    }
-}
-
-/// One sequence's speculation state.
-#[derive(Debug, Clone, Default)]
-pub struct SeqSpec {
-    pub enabled: bool,
-    /// The request's Predicted Output, tokenized.
-    pub prediction: Option<Vec<u32>>,
-    acceptance: [Acceptance; 2],
-    /// The source of the drafts now being verified.
-    pub source: Option<DraftSource>,
-    /// Rounds since the last draft while the adaptive depth was 0 (to probe again later).
-    num_idle_rounds: u32,
-    pub num_drafted: usize,
-    pub num_accepted: usize,
-}
-
-/// After this many rounds with an adaptive depth of 0, draft one token to re-measure.
-const PROBE_EVERY: u32 = 16;
-
-impl SeqSpec {
-    pub fn new(enabled: bool, prediction: Option<Vec<u32>>) -> Self {
-        Self {
-            enabled,
-            prediction: prediction.filter(|p| !p.is_empty()),
-            ..Self::default()
-        }
-    }
-
-    /// Drafts for a decoding sequence: at most `limit` tokens to follow `tokens` (prompt +
-    /// generated, the last one pending). Remembers the source for [`SeqSpec::record`].
-    pub fn propose(
-        &mut self,
-        cfg: &SpecConfig,
-        tokens: &[u32],
-        num_prompt: usize,
-        limit: usize,
-    ) -> Vec<u32> {
-        self.source = None;
-        if !self.enabled || !cfg.is_on() || limit == 0 {
-            return Vec::new();
-        }
-        let num_generated = tokens.len() - num_prompt;
-        let mut best: Option<(DraftSource, ngram::Match)> = None;
-        if self.prediction.is_some() {
-            let k = self.depth(cfg, DraftSource::Prediction).min(limit);
-            let prediction = self.prediction.as_deref().unwrap_or_default();
-            let m = ngram::lookup_prediction(prediction, tokens, num_generated, k, cfg.max_ngram);
-            best = m.map(|m| (DraftSource::Prediction, m));
-        }
-        let k = self.depth(cfg, DraftSource::Ngram).min(limit);
-        if let Some(m) = ngram::lookup(tokens, k, cfg.min_ngram, cfg.max_ngram) {
-            // The context wins only on a strictly longer match.
-            if best.as_ref().is_none_or(|(_, b)| m.len > b.len) {
-                best = Some((DraftSource::Ngram, m));
-            }
-        }
-        let (source, draft) = match best {
-            Some((s, m)) if !m.draft.is_empty() => (s, m.draft),
-            _ => (DraftSource::Ngram, Vec::new()),
-        };
-        if !draft.is_empty() {
-            self.source = Some(source);
-        }
-        draft
-    }
-
-    /// The depth to draft from `source` this round.
-    fn depth(&mut self, cfg: &SpecConfig, source: DraftSource) -> usize {
-        if let Some(d) = cfg.depth {
-            return d.min(MAX_DEPTH);
-        }
-        let best = self.acceptance[source.index()].best_depth(cfg.max_depth, cfg.row_cost);
-        if best > 0 {
-            return best;
-        }
-        self.num_idle_rounds += 1;
-        if self.num_idle_rounds >= PROBE_EVERY {
-            self.num_idle_rounds = 0;
-            return 1;
-        }
-        0
-    }
-
-    /// Records a verified round.
-    pub fn record(&mut self, num_drafted: usize, num_accepted: usize) {
-        if let Some(source) = self.source {
-            self.acceptance[source.index()].record(num_drafted, num_accepted);
-        }
-        self.num_drafted += num_drafted;
-        self.num_accepted += num_accepted;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn on() -> SpecConfig {
-        SpecConfig {
-            mode: SpecMode::Auto,
-            min_ngram: 1,
-            ..SpecConfig::default()
-        }
-    }
-
-    #[test]
-    fn a_prediction_is_preferred_to_the_context() {
-        let mut s = SeqSpec::new(true, Some(vec![7, 8, 9]));
-        let d = s.propose(&on(), &[1, 2, 1, 2, 7], 4, 8);
-        assert_eq!(s.source, Some(DraftSource::Prediction));
-        assert_eq!(d, vec![8, 9]);
-        // A longer match in the context beats a short one in the prediction.
-        let d = s.propose(&on(), &[5, 6, 7, 1, 9, 5, 6, 7], 5, 8);
-        assert_eq!(s.source, Some(DraftSource::Ngram));
-        assert_eq!(d[0], 1);
-        let tokens = [1, 2, 1, 2];
-        let mut plain = SeqSpec::new(true, None);
-        assert_eq!(plain.propose(&on(), &tokens, 3, 8)[0], 1);
-        assert_eq!(plain.source, Some(DraftSource::Ngram));
-    }
-
-    #[test]
-    fn drafts_respect_the_limit_and_the_switches() {
-        let tokens = [1, 2, 1, 2, 1, 2, 1];
-        let mut s = SeqSpec::new(true, None);
-        let fixed = SpecConfig {
-            depth: Some(6),
-            ..on()
-        };
-        assert_eq!(s.propose(&fixed, &tokens, 1, 3).len(), 3);
-        let mut off = SeqSpec::new(false, None);
-        assert!(off.propose(&fixed, &tokens, 1, 3).is_empty());
-        let server_off = SpecConfig {
-            mode: SpecMode::Off,
-            ..fixed
-        };
-        assert!(s.propose(&server_off, &tokens, 1, 3).is_empty());
     }
 }

@@ -338,6 +338,24 @@ fn integer_array(value: &Value, key: &str) -> Result<Vec<u32>> {
     values.iter().map(|v| to_u32(v, key)).collect()
 }
 
+/// The text of the token that a `tokenizer.ggml.*_token_id` key names; `None` when the key is
+/// absent or the file has no vocabulary.
+pub(crate) fn token_text(content: &Content, key: &str) -> Result<Option<String>> {
+    let Some(tokens) = content.metadata.get("tokenizer.ggml.tokens") else {
+        return Ok(None);
+    };
+    let tokens = tokens
+        .to_vec()
+        .map_err(|e| anyhow!("tokenizer.ggml.tokens: {e}"))?;
+    let Some(id) = optional_id(content, key, tokens.len())? else {
+        return Ok(None);
+    };
+    match &tokens[id as usize] {
+        Value::String(s) => Ok(Some(s.clone())),
+        other => bail!("tokenizer.ggml.tokens: expected strings, found {other:?}"),
+    }
+}
+
 fn optional_id(content: &Content, key: &str, num_tokens: usize) -> Result<Option<u32>> {
     let Some(value) = content.metadata.get(key) else {
         return Ok(None);

@@ -3,7 +3,14 @@
 //! Python string/dict methods (`.startswith`, `.split`, `.items()`, ...), and the globals and
 //! filters transformers adds: `raise_exception`, `strftime_now` and a `tojson` that formats
 //! like Python's `json.dumps`. `{% generation %}` blocks (assistant masks) render their body.
+//!
+//! The template sees what `apply_chat_template` gives it: objects in their key order (minijinja's
+//! `preserve_order`), messages without their null-valued keys, a message's reasoning under both
+//! `reasoning_content` and `thinking`, and the tokenizer's special tokens (`bos_token`,
+//! `eos_token`, `unk_token`, `pad_token`). `tests/tokenizer.rs` checks the rendering byte for
+//! byte against transformers itself.
 
+use super::gguf::token_text;
 use super::pyjson::{self, JsonStyle};
 use anyhow::{anyhow, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
@@ -13,10 +20,23 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 const TEMPLATE_NAME: &str = "chat_template";
 const GGUF_TEMPLATE_KEY: &str = "tokenizer.chat_template";
+/// GGUF token-id keys and the template variables transformers' GGUF loader makes of them.
+const GGUF_SPECIAL_TOKENS: [(&str, &str); 4] = [
+    ("tokenizer.ggml.bos_token_id", "bos_token"),
+    ("tokenizer.ggml.eos_token_id", "eos_token"),
+    ("tokenizer.ggml.unknown_token_id", "unk_token"),
+    ("tokenizer.ggml.padding_token_id", "pad_token"),
+];
+/// Names a message's reasoning goes by; transformers gives the first one set under both
+/// `thinking` and `reasoning_content`.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
 /// A compiled chat template. Rendering is read-only, so one instance serves every request.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// Variables every rendering gets, as transformers passes the tokenizer's
+    /// `special_tokens_map` (`bos_token`, ...).
+    special_tokens: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -37,27 +57,46 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, replace_generation_tags(source))
             .map_err(|e| anyhow!("compiling the chat template: {e:#}"))?;
-        Ok(Self { env })
+        Ok(Self {
+            env,
+            special_tokens: Vec::new(),
+        })
     }
 
-    /// The template stored under `tokenizer.chat_template`, or `None` when the file has none.
+    /// The template stored under `tokenizer.chat_template`, or `None` when the file has none,
+    /// with the file's special tokens.
     pub fn from_gguf(content: &Content) -> Result<Option<Self>> {
         match content.metadata.get(GGUF_TEMPLATE_KEY) {
             None => Ok(None),
             Some(GgufValue::String(source)) => Self::new(source)
-                .with_context(|| format!("GGUF key `{GGUF_TEMPLATE_KEY}`"))
+                .with_context(|| format!("GGUF key `{GGUF_TEMPLATE_KEY}`"))?
+                .with_gguf_special_tokens(content)
                 .map(Some),
             Some(other) => Err(anyhow!("`{GGUF_TEMPLATE_KEY}` is not a string: {other:?}")),
         }
     }
 
-    /// Renders a conversation. `messages` is the OpenAI-style list of messages, `tools` the
-    /// list of tool schemas (passed to the template as `none` when absent, as transformers
-    /// does), `extra` an object of further variables (`bos_token`, `eos_token`,
-    /// `enable_thinking`, ...) that never override the named arguments.
+    /// Gives the template the GGUF's bos/eos/unk/pad tokens as `bos_token`, `eos_token`,
+    /// `unk_token` and `pad_token` (those the file names), as transformers does for a tokenizer
+    /// loaded from it.
+    pub fn with_gguf_special_tokens(mut self, content: &Content) -> Result<Self> {
+        self.special_tokens.clear();
+        for (key, name) in GGUF_SPECIAL_TOKENS {
+            if let Some(token) = token_text(content, key)? {
+                self.special_tokens.push((name.to_string(), token));
+            }
+        }
+        Ok(self)
+    }
+
+    /// Renders a conversation as `apply_chat_template(messages, tools=tools, tokenize=False,
+    /// add_generation_prompt=..., **extra)` does. `messages` is the list of message objects,
+    /// `tools` the list of tool schemas (passed to the template as `none` when absent), `extra`
+    /// an object of further variables (`enable_thinking`, ...) that override the special tokens
+    /// but never the named arguments.
     ///
-    /// Objects keep the key order they have in `serde_json::Value`; that is the request's order
-    /// only when serde_json's `preserve_order` feature is enabled.
+    /// Objects keep the key order they have in `serde_json::Value` (the request's order: mtpx
+    /// enables serde_json's `preserve_order`).
     pub fn render(
         &self,
         messages: &serde_json::Value,
@@ -65,25 +104,34 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Value,
     ) -> Result<String> {
-        let mut vars: Vec<(String, Value)> = match extra {
-            serde_json::Value::Null => Vec::new(),
-            serde_json::Value::Object(map) => map
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
-                .collect(),
+        let mut vars: Vec<(String, Value)> = self
+            .special_tokens
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        match extra {
+            serde_json::Value::Null => {}
+            serde_json::Value::Object(map) => vars.extend(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), Value::from_serialize(v))),
+            ),
             other => {
                 return Err(anyhow!(
                     "template extra variables must be an object, not {other}"
                 ))
             }
-        };
+        }
         vars.retain(|(k, _)| {
             !matches!(
                 k.as_str(),
                 "messages" | "tools" | "documents" | "add_generation_prompt"
             )
         });
-        vars.push(("messages".into(), Value::from_serialize(messages)));
+        // A later variable of the same name replaces an earlier one (extra over special tokens).
+        vars.push((
+            "messages".into(),
+            Value::from_serialize(prepare_messages(messages)?),
+        ));
         vars.push((
             "tools".into(),
             tools.map_or(Value::from(()), Value::from_serialize),
@@ -101,6 +149,40 @@ impl ChatTemplate {
             .render(Value::from_iter(vars))
             .map_err(|e| anyhow!("rendering the chat template: {e:#}"))
     }
+}
+
+/// The conversation as transformers hands it to the template (`_normalize_chat_messages` and
+/// `_alias_reasoning_fields`): each message without its null-valued keys, and a message with
+/// reasoning (the first of [`REASONING_FIELDS`] set) gets it as `thinking` (first key, unless
+/// present) and `reasoning_content` (last key, unless present).
+fn prepare_messages(messages: &serde_json::Value) -> Result<serde_json::Value> {
+    use serde_json::Value as Json;
+    let Json::Array(messages) = messages else {
+        return Err(anyhow!("chat messages must be a list, not {messages}"));
+    };
+    let prepared = messages.iter().map(|message| {
+        let Json::Object(message) = message else {
+            return Err(anyhow!("a chat message must be an object, not {message}"));
+        };
+        let mut message: serde_json::Map<String, Json> = message
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let reasoning = REASONING_FIELDS
+            .iter()
+            .find_map(|field| message.get(*field))
+            .cloned();
+        if let Some(reasoning) = reasoning {
+            let mut aliased = serde_json::Map::new();
+            aliased.insert("thinking".into(), reasoning.clone());
+            aliased.extend(message);
+            aliased.insert("reasoning_content".into(), reasoning);
+            message = aliased;
+        }
+        Ok(Json::Object(message))
+    });
+    prepared.collect::<Result<_>>().map(Json::Array)
 }
 
 /// `raise_exception(message)`: templates call it to reject a conversation they can't render.

@@ -77,6 +77,27 @@ try {
   await page.waitForFunction(() => document.getElementById("m_ttft").textContent.endsWith("ms"));
   const stats = await (await fetch(url + "/v1/stats")).json();
   if (stats.scheduler.num_running !== 0) fail("still running after stop: " + JSON.stringify(stats.scheduler));
+  // A greedy reply on the random model loops, so the n-gram drafter's drafts are accepted:
+  // their text is tinted and the panel shows acceptance per draft depth.
+  await page.click("#reset");
+  // The drafter list comes from the server: choosing n-gram lookup sends `speculative: "ngram"`.
+  const drafterOptions = await page.$$eval("#drafter option", (os) => os.map((o) => o.value));
+  if (!drafterOptions.includes("ngram")) fail("drafters offered: " + drafterOptions.join(", "));
+  await page.selectOption("#drafter", "ngram");
+  await page.fill("#temperature", "0");
+  await page.fill("#max_tokens", "160");
+  await page.fill("#prompt", "Say the same thing again and again.");
+  await page.press("#prompt", "Enter");
+  await page.waitForSelector(".msg.assistant .meta", { timeout: 60000 });
+  const greedyMeta = await page.textContent(".msg.assistant .meta");
+  if (!greedyMeta.startsWith("completed") && !greedyMeta.startsWith("incomplete")) fail("the greedy reply ended as: " + greedyMeta);
+  const tinted = await page.locator(".msg.assistant .draft").count();
+  if (tinted === 0) fail("no accepted drafts tinted in a looping greedy reply");
+  const depthRows = await page.locator("#spec_depths tr").count();
+  if (depthRows === 0) fail("no per-depth acceptance rows");
+  const spec = await page.textContent("#m_spec");
+  if (!/drafts\/round/.test(spec)) fail("the speculation panel shows " + spec);
+  console.log(`playground: ${tinted} tinted drafts, ${depthRows} depths, ${spec}`);
   // Phone width stays readable: nothing wider than the viewport.
   await page.setViewportSize({ width: 380, height: 800 });
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);

@@ -24,12 +24,42 @@ pub fn start_engine(spec: &TestModelSpec, cfg: EngineConfig) -> TestEngine {
     }
 }
 
+/// An engine over the test model `spec` with a second generated model `draft` drafting for it.
+pub fn start_engine_with_draft(
+    spec: &TestModelSpec,
+    draft: &TestModelSpec,
+    mut cfg: EngineConfig,
+) -> TestEngine {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_test_model(dir.path(), spec).unwrap();
+    cfg.draft_model = Some(write_test_model(&dir.path().join("draft"), draft).unwrap());
+    let bundle = ModelBundle::load(&path).unwrap();
+    TestEngine {
+        engine: Engine::start(bundle, cfg).unwrap(),
+        _dir: dir,
+    }
+}
+
+/// A pulled real model's file (`mtpx pull NAME`; tests/run.sh pulls the CI models).
+pub fn real_model(name: &str) -> std::path::PathBuf {
+    let home = std::env::var_os("MTPX_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx")
+        });
+    let path = home.join(format!("models/{name}.gguf"));
+    assert!(path.exists(), "run `mtpx pull {name}` first");
+    path
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Outcome {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// With `sampling.logprobs` on: the log-probability of each generated token.
+    pub logprobs: Vec<Option<f32>>,
     pub finish: Option<FinishReason>,
     pub usage: Usage,
     pub error: Option<EngineError>,
@@ -47,10 +77,14 @@ pub async fn drain(mut stream: EventStream) -> Outcome {
                 out.cached_tokens = cached_tokens;
             }
             EngineEvent::Delta {
-                text, token_ids, ..
+                text,
+                token_ids,
+                logprobs,
+                ..
             } => {
                 out.text.push_str(&text);
                 out.token_ids.extend(token_ids);
+                out.logprobs.extend(logprobs);
             }
             EngineEvent::Finished { reason, usage } => {
                 out.finish = Some(reason);
@@ -70,6 +104,27 @@ pub fn greedy_tokens(tokens: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     // last 9 ids of its vocabulary) so lengths are predictable.
     req.sampling.logit_bias = (503..512).map(|id| (id, -100.0)).collect();
     req
+}
+
+/// Greedy, with each token's log-probability: reused K/V that is slightly wrong shows in the
+/// log-probabilities long before it changes an argmax.
+pub fn greedy_with_logprobs(tokens: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    let mut req = greedy_tokens(tokens, max_tokens);
+    req.sampling.logprobs = true;
+    req
+}
+
+/// The same tokens with log-probabilities within `tol` of each other.
+pub fn assert_same_generation(a: &Outcome, b: &Outcome, tol: f32) {
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_eq!(a.logprobs.len(), b.logprobs.len());
+    for (i, (x, y)) in a.logprobs.iter().zip(&b.logprobs).enumerate() {
+        let (x, y) = (
+            x.expect("logprobs asked for"),
+            y.expect("logprobs asked for"),
+        );
+        assert!((x - y).abs() <= tol, "token {i}: logprob {x} vs {y}");
+    }
 }
 
 pub async fn run(engine: &Engine, req: GenerateRequest) -> Outcome {

@@ -7,6 +7,7 @@
 //! and function calls are split the same way as in chat completions.
 
 use super::super::tool_calls::{Piece, ToolCallParser};
+use super::super::types::wire_draft_depths;
 use super::types::*;
 use crate::scheduler::Usage as EngineUsage;
 use serde_json::Value;
@@ -43,17 +44,20 @@ pub struct Builder {
     parser: ToolCallParser,
     open: Option<Open>,
     events: Vec<ResponseEvent>,
+    /// The draft depths of the tokens being pushed, for the first delta they produce.
+    draft_depths: Vec<u8>,
 }
 
 impl Builder {
     /// `template`: the response object as created (status `in_progress`, no output).
-    pub fn new(template: ResponseObject, parse_tools: bool, single_call: bool) -> Self {
+    pub fn new(template: ResponseObject, parser: ToolCallParser) -> Self {
         Self {
             response: template,
             seq: 0,
-            parser: ToolCallParser::new(parse_tools, single_call),
+            parser,
             open: None,
             events: Vec::new(),
+            draft_depths: Vec::new(),
         }
     }
 
@@ -86,11 +90,14 @@ impl Builder {
         ]
     }
 
-    /// Feeds a fragment of the model's text.
-    pub fn push_text(&mut self, text: &str) -> Vec<ResponseEvent> {
+    /// Feeds a fragment of the model's text and its tokens' draft depths (see
+    /// [`EngineEvent::Delta`](crate::engine::EngineEvent::Delta)).
+    pub fn push_text(&mut self, text: &str, draft_depths: &[u8]) -> Vec<ResponseEvent> {
+        self.draft_depths = wire_draft_depths(draft_depths);
         for piece in self.parser.push(text) {
             self.on_piece(piece);
         }
+        self.draft_depths.clear();
         std::mem::take(&mut self.events)
     }
 
@@ -198,6 +205,7 @@ impl Builder {
                         item_id,
                         output_index,
                         delta: fragment,
+                        draft_depths: std::mem::take(&mut self.draft_depths),
                     });
                 }
             }
@@ -285,6 +293,7 @@ impl Builder {
             }
         }
         let sequence_number = self.seq();
+        let draft_depths = std::mem::take(&mut self.draft_depths);
         self.events.push(if reasoning {
             ResponseEvent::ReasoningTextDelta {
                 sequence_number,
@@ -292,6 +301,7 @@ impl Builder {
                 output_index,
                 content_index: 0,
                 delta,
+                draft_depths,
             }
         } else {
             ResponseEvent::OutputTextDelta {
@@ -301,6 +311,7 @@ impl Builder {
                 content_index: 0,
                 delta,
                 logprobs: Vec::new(),
+                draft_depths,
             }
         });
     }

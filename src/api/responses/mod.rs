@@ -18,7 +18,8 @@ use super::auth::Authorized;
 use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, Plan};
 use super::metrics::TokenClock;
-use super::types::GenerationParams;
+use super::tool_calls::ToolCallParser;
+use super::types::{ErrorResponse, GenerationParams};
 use super::{sse, AppState};
 use crate::engine::{Engine, EngineEvent, EventStream, Prompt};
 use crate::scheduler::FinishReason;
@@ -43,6 +44,7 @@ pub struct Job {
     pub plan: Plan,
     pub parse_tools: bool,
     pub single_call: bool,
+    pub tool_names: Vec<String>,
     pub store: bool,
     /// The response object as created.
     pub template: ResponseObject,
@@ -87,6 +89,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
         .collect();
     let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
+    let tool_names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let (conversation_id, mut history) = match &req.previous_response_id {
         Some(prev) => {
             let entry = state
@@ -164,6 +167,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         plan,
         parse_tools: use_tools,
         single_call: req.parallel_tool_calls == Some(false),
+        tool_names,
         store,
         template,
     })
@@ -199,7 +203,9 @@ pub async fn run(
     if job.store {
         template.conversation = Some(json!({ "id": job.conversation_id }));
     }
-    let mut builder = Builder::new(template, job.parse_tools, job.single_call);
+    let parser = ToolCallParser::new(job.parse_tools, job.single_call)
+        .with_tool_names(job.tool_names.clone());
+    let mut builder = Builder::new(template, parser);
     for e in builder.start() {
         if !emit(e) {
             return None;
@@ -219,10 +225,13 @@ pub async fn run(
             }
             Some(EngineEvent::Started { .. }) => {}
             Some(EngineEvent::Delta {
-                text, token_ids, ..
+                text,
+                token_ids,
+                draft_depths,
+                ..
             }) => {
                 clock.tokens(&state.metrics, token_ids.len());
-                for e in builder.push_text(&text) {
+                for e in builder.push_text(&text, &draft_depths) {
                     if !emit(e) {
                         return None;
                     }
@@ -274,6 +283,12 @@ fn sse_event(e: &ResponseEvent) -> Bytes {
 }
 
 /// Create a response.
+#[utoipa::path(post, path = "/v1/responses", request_body = ResponsesRequest, responses(
+    (status = 200, description = "The response object, or with `stream: true` a `text/event-stream` of `ResponseEvent`s", body = ResponseObject),
+    (status = 400, description = "Invalid request, unknown `previous_response_id`, hosted tools, or `context_length_exceeded`", body = ErrorResponse),
+    (status = 401, body = ErrorResponse),
+    (status = 503, body = ErrorResponse),
+))]
 pub async fn create_response(
     auth: Authorized,
     req: HttpRequest,
@@ -320,6 +335,11 @@ fn not_stored(id: &str) -> ApiError {
 }
 
 /// A stored response.
+#[utoipa::path(get, path = "/v1/responses/{id}", params(("id" = String, Path)), responses(
+    (status = 200, body = ResponseObject),
+    (status = 401, body = ErrorResponse),
+    (status = 404, body = ErrorResponse),
+))]
 pub async fn get_response(
     auth: Authorized,
     id: web::Path<String>,
@@ -333,6 +353,11 @@ pub async fn get_response(
 }
 
 /// Deletes a stored response (its conversation's later responses keep working).
+#[utoipa::path(delete, path = "/v1/responses/{id}", params(("id" = String, Path)), responses(
+    (status = 200, description = "`{\"id\", \"object\": \"response.deleted\", \"deleted\": true}`"),
+    (status = 401, body = ErrorResponse),
+    (status = 404, body = ErrorResponse),
+))]
 pub async fn delete_response(
     auth: Authorized,
     id: web::Path<String>,

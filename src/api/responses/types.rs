@@ -5,11 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 /// `POST /v1/responses` (and the body of a WebSocket `response.create`). Unknown fields are
 /// ignored; the sampling fields (`temperature`, `top_p`, `top_k`, `seed`, penalties, …) are
 /// read as in chat completions.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct ResponsesRequest {
     pub model: Option<String>,
     /// A string (one user message) or a list of items.
@@ -17,7 +18,9 @@ pub struct ResponsesRequest {
     /// A system message put before the conversation (not carried over by
     /// `previous_response_id`).
     pub instructions: Option<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
+    #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub max_output_tokens: Option<u32>,
@@ -27,10 +30,11 @@ pub struct ResponsesRequest {
     /// Keep the response so `previous_response_id` can continue it (default true).
     pub store: Option<bool>,
     pub stream: Option<bool>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Value>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Input {
     Text(String),
@@ -38,13 +42,14 @@ pub enum Input {
 }
 
 /// The response object (`"object": "response"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ResponseObject {
     pub id: String,
     pub object: String,
     pub created_at: u64,
     /// `in_progress`, `completed`, `incomplete`, `cancelled` or `failed`.
     pub status: String,
+    #[schema(value_type = Option<Object>)]
     pub error: Option<Value>,
     pub incomplete_details: Option<IncompleteDetails>,
     pub instructions: Option<String>,
@@ -55,15 +60,20 @@ pub struct ResponseObject {
     pub previous_response_id: Option<String>,
     pub store: bool,
     pub temperature: Option<f32>,
+    #[schema(value_type = Object)]
     pub tool_choice: Value,
+    #[schema(value_type = Vec<Object>)]
     pub tools: Vec<Value>,
     pub top_p: Option<f32>,
     pub truncation: String,
     pub usage: Option<ResponseUsage>,
+    #[schema(value_type = Object)]
     pub metadata: Value,
+    #[schema(value_type = Object)]
     pub text: Value,
     /// The conversation this response belongs to (names its engine session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub conversation: Option<Value>,
     /// llama.cpp-style timings (an mtpx extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,12 +114,12 @@ impl ResponseObject {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct IncompleteDetails {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ResponseUsage {
     pub input_tokens: usize,
     pub input_tokens_details: InputTokensDetails,
@@ -118,18 +128,18 @@ pub struct ResponseUsage {
     pub total_tokens: usize,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct InputTokensDetails {
     /// Input tokens whose KV was reused instead of prefilled.
     pub cached_tokens: usize,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct OutputTokensDetails {
     pub reasoning_tokens: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type")]
 pub enum OutputItem {
     #[serde(rename = "message")]
@@ -150,6 +160,7 @@ pub enum OutputItem {
     #[serde(rename = "reasoning")]
     Reasoning {
         id: String,
+        #[schema(value_type = Vec<Object>)]
         summary: Vec<Value>,
         content: Vec<OutputContent>,
         status: String,
@@ -166,13 +177,15 @@ impl OutputItem {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type")]
 pub enum OutputContent {
     #[serde(rename = "output_text")]
     OutputText {
         text: String,
+        #[schema(value_type = Vec<Object>)]
         annotations: Vec<Value>,
+        #[schema(value_type = Vec<Object>)]
         logprobs: Vec<Value>,
     },
     #[serde(rename = "reasoning_text")]
@@ -181,7 +194,7 @@ pub enum OutputContent {
 
 /// A streamed event (an SSE `data:` object, or a WebSocket text frame). On the WebSocket, the
 /// events of a tagged `response.create` also carry its `tag`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type")]
 pub enum ResponseEvent {
     #[serde(rename = "response.created")]
@@ -229,7 +242,12 @@ pub enum ResponseEvent {
         output_index: usize,
         content_index: usize,
         delta: String,
+        #[schema(value_type = Vec<Object>)]
         logprobs: Vec<Value>,
+        /// mtpx extension, as in chat completion chunks: per token of the delta, its depth as
+        /// an accepted speculative draft (0: sampled by the model); absent without drafts.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        draft_depths: Vec<u8>,
     },
     #[serde(rename = "response.output_text.done")]
     OutputTextDone {
@@ -238,6 +256,7 @@ pub enum ResponseEvent {
         output_index: usize,
         content_index: usize,
         text: String,
+        #[schema(value_type = Vec<Object>)]
         logprobs: Vec<Value>,
     },
     #[serde(rename = "response.reasoning_text.delta")]
@@ -247,6 +266,10 @@ pub enum ResponseEvent {
         output_index: usize,
         content_index: usize,
         delta: String,
+        /// mtpx extension, as in chat completion chunks: per token of the delta, its depth as
+        /// an accepted speculative draft (0: sampled by the model); absent without drafts.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        draft_depths: Vec<u8>,
     },
     #[serde(rename = "response.reasoning_text.done")]
     ReasoningTextDone {
@@ -262,6 +285,10 @@ pub enum ResponseEvent {
         item_id: String,
         output_index: usize,
         delta: String,
+        /// mtpx extension, as in chat completion chunks: per token of the delta, its depth as
+        /// an accepted speculative draft (0: sampled by the model); absent without drafts.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        draft_depths: Vec<u8>,
     },
     #[serde(rename = "response.function_call_arguments.done")]
     FunctionCallArgumentsDone {

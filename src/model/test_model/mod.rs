@@ -61,6 +61,11 @@ pub struct TestModelSpec {
     pub q8: bool,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Perturbs every matrix entry by up to this fraction of its range (from a separate random
+    /// stream, so the weights are otherwise the unperturbed model's): a model that mostly, not
+    /// always, agrees with it — a stand-in for a small draft model in tests.
+    #[arg(long, default_value_t = 0.0)]
+    pub noise: f32,
 }
 
 impl Default for TestModelSpec {
@@ -77,6 +82,7 @@ impl Default for TestModelSpec {
             context_length: 131_072,
             q8: false,
             seed: 0,
+            noise: 0.0,
         }
     }
 }
@@ -232,15 +238,23 @@ fn metadata(spec: &TestModelSpec, vocab: &Vocab) -> Vec<(String, Value)> {
 struct Init {
     rng: ChaCha8Rng,
     q8: bool,
+    noise: f32,
+    noise_rng: ChaCha8Rng,
 }
 
 impl Init {
     /// A `[rows, cols]` matrix with variance `gain² / cols`.
     fn matrix(&mut self, rows: usize, cols: usize, gain: f32) -> Result<QTensor> {
         let bound = gain * (3.0 / cols as f32).sqrt();
-        let data: Vec<f32> = (0..rows * cols)
+        let mut data: Vec<f32> = (0..rows * cols)
             .map(|_| self.rng.random_range(-bound..bound))
             .collect();
+        if self.noise > 0.0 {
+            let amplitude = self.noise * bound;
+            for v in &mut data {
+                *v += self.noise_rng.random_range(-amplitude..amplitude);
+            }
+        }
         let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu)?;
         let dtype = if self.q8 && cols.is_multiple_of(32) {
             GgmlDType::Q8_0
@@ -297,6 +311,8 @@ fn random_tensors(spec: &TestModelSpec, vocab: usize) -> Result<Vec<(String, QTe
     let mut init = Init {
         rng: ChaCha8Rng::seed_from_u64(spec.seed),
         q8: spec.q8,
+        noise: spec.noise,
+        noise_rng: ChaCha8Rng::seed_from_u64(spec.seed ^ 0x006e_6f69_7365),
     };
     let h = spec.hidden;
     let mut out = Vec::new();
