@@ -16,7 +16,7 @@
 
 use super::drafter_kv::{
     common_prefix, draft_forward_panicked, drafter_cache_handlers, draw, DraftKey, DraftReply,
-    Drafted, DrafterCache, MAX_CATCH_UP_ROWS,
+    Drafted, DrafterCache, Refusal, MAX_CATCH_UP_ROWS,
 };
 use crate::error::KvError;
 use crate::kv::{KvDtype, PoolStats};
@@ -133,7 +133,7 @@ impl DraftWorker {
             match self.prepare(i, ask, &mut catch_up_budget, &protected) {
                 Ok(Some(l)) => live.push(l),
                 Ok(None) => {}
-                Err(e) => results[i].refused = Some(e),
+                Err(e) => results[i].refused = Some(Refusal::Pool(e)),
             }
             num_catch_up_rows += before - catch_up_budget;
         }
