@@ -123,7 +123,6 @@ async fn the_speculative_field_takes_a_drafter_name_and_refuses_others() {
     for (value, needle) in [
         (json!("eagle"), "got \"eagle\""),
         (json!("draft"), "--draft-model"),
-        (json!("mtp"), "MTP"),
         (json!(3), "speculative"),
     ] {
         let reply = post(&url, &chat(json!({ "speculative": value }))).await;
@@ -141,10 +140,17 @@ async fn the_speculative_field_takes_a_drafter_name_and_refuses_others() {
             "{error}"
         );
     }
+    // The test model has MTP heads: a request may ask for them alone.
+    let mtp = post(&url, &chat(json!({"speculative": "mtp"}))).await;
+    assert_eq!(mtp.status, 200);
+    assert_eq!(
+        mtp.json()["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
     let stats = get(&s.at("/v1/stats")).await.json();
     assert_eq!(
         stats["speculation"]["drafters"],
-        json!(["prediction", "ngram"])
+        json!(["prediction", "ngram", "mtp"])
     );
 }
 

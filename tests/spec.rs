@@ -85,6 +85,25 @@ async fn assert_pages_balance(engine: &Engine) {
     if let Some(d) = engine.draft_pool_stats().await {
         assert_eq!(d.num_used, 0, "draft pool {d:?}");
     }
+    if let Some(m) = engine.mtp_pool_stats().await {
+        assert_eq!(m.num_used, 0, "MTP pool {m:?}");
+    }
+}
+
+fn mtp(depth: Option<usize>) -> SpecConfig {
+    SpecConfig {
+        mode: SpecMode::Mtp,
+        depth,
+        ..SpecConfig::default()
+    }
+}
+
+/// The test model with `n` MTP modules.
+fn with_heads(n: usize) -> TestModelSpec {
+    TestModelSpec {
+        mtp_depth: n,
+        ..TestModelSpec::default()
+    }
 }
 
 /// Twenty prompts: repetitive ones (long n-gram matches), random ones, and mixtures.
@@ -201,6 +220,59 @@ async fn greedy_with_a_draft_model_equals_plain_greedy_on_twenty_prompts() {
 }
 
 #[actix_rt::test]
+async fn greedy_with_mtp_heads_equals_plain_greedy_on_twenty_prompts() {
+    // (heads, depth): random heads — one module reused for deeper drafts, two chained, two
+    // reused — and heads mirroring a one-layer model, which are mostly right.
+    let mirror = TestModelSpec {
+        layers: 1,
+        mtp_mirror: true,
+        ..with_heads(1)
+    };
+    let cases = [
+        (with_heads(1), Some(1)),
+        (with_heads(1), Some(3)),
+        (with_heads(2), Some(2)),
+        (with_heads(2), Some(5)),
+        (with_heads(1), None),
+        (mirror.clone(), Some(4)),
+        (mirror, None),
+    ];
+    for (heads, depth) in cases {
+        let num_modules = heads.mtp_depth;
+        let t = start_engine(&heads, cfg(mtp(depth)));
+        assert_eq!(t.engine.info().drafters, vec!["mtp"]);
+        let (drafted, accepted) = assert_greedy_equal(&t.engine, greedy_requests()).await;
+        let stats = t.engine.scheduler_stats().await.spec;
+        println!(
+            "{num_modules} modules, depth {depth:?}: drafted {drafted}, accepted {accepted}, {:?}",
+            stats.accepted[DraftSource::Mtp as usize]
+        );
+        assert!(drafted > 0, "the heads draft");
+        assert_eq!(stats.num_drafted(DraftSource::Mtp) as usize, drafted);
+        assert!(accepted < drafted, "some drafts are rejected");
+        if heads.mtp_mirror {
+            assert!(accepted > drafted / 2, "mirroring heads are mostly right");
+        }
+        assert_pages_balance(&t.engine).await;
+    }
+}
+
+#[actix_rt::test]
+async fn mtp_pages_balance_after_many_rounds_with_cancellations() {
+    let t = start_engine(
+        &with_heads(2),
+        cfg(SpecConfig {
+            max_batch_seqs: 64,
+            ..mtp(Some(3))
+        }),
+    );
+    many_rounds_with_cancellations(&t.engine).await;
+    let stats = t.engine.scheduler_stats().await.spec;
+    assert!(stats.num_drafted(DraftSource::Mtp) > 100);
+    assert_pages_balance(&t.engine).await;
+}
+
+#[actix_rt::test]
 async fn a_draft_model_with_another_vocabulary_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let target = write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
@@ -231,15 +303,14 @@ async fn a_request_may_restrict_itself_to_one_drafter() {
     let t = start_engine_with_draft(&TestModelSpec::default(), &close_draft(), cfg(auto));
     assert_eq!(
         t.engine.info().drafters,
-        vec!["prediction", "ngram", "draft"]
+        vec!["prediction", "ngram", "draft", "mtp"]
     );
-    for (choice, source) in [
-        (SpecChoice::Only(DraftSource::Ngram), DraftSource::Ngram),
-        (
-            SpecChoice::Only(DraftSource::DraftModel),
-            DraftSource::DraftModel,
-        ),
+    for source in [
+        DraftSource::Ngram,
+        DraftSource::DraftModel,
+        DraftSource::Mtp,
     ] {
+        let choice = SpecChoice::Only(source);
         let before = t.engine.scheduler_stats().await.spec;
         for mut req in greedy_requests().into_iter().take(6) {
             req.speculative = Some(choice);
@@ -253,6 +324,7 @@ async fn a_request_may_restrict_itself_to_one_drafter() {
         }
     }
     // A server without MTP heads refuses a request for them.
+    let t = start_engine(&with_heads(0), cfg(SpecConfig::default()));
     let mut req = greedy_tokens(token_ids(3, 5), 4);
     req.speculative = Some(SpecChoice::Only(DraftSource::Mtp));
     let out = run(&t.engine, req).await;

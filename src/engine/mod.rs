@@ -25,7 +25,11 @@ use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, 
 use crate::spec::cost::{measure_row_cost, measure_step, DraftModelCosts};
 use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
 use crate::spec::drafter_kv::{ClearIdleDrafts, GetDraftPoolStats};
-use crate::spec::{DraftSource::DraftModel, SeqSpec, SpecConfig};
+use crate::spec::mtp::MtpWorker;
+use crate::spec::{
+    DraftSource::{DraftModel, Mtp},
+    SeqSpec, SpecConfig,
+};
 use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
 use actix::prelude::*;
 use anyhow::{bail, Result};
@@ -105,6 +109,7 @@ pub struct Engine {
     pool: Addr<PagePoolActor>,
     worker: Addr<ModelWorker>,
     draft: Option<Addr<DraftWorker>>,
+    mtp: Option<Addr<MtpWorker>>,
     next_stream_id: AtomicU64,
 }
 
@@ -141,6 +146,8 @@ impl Engine {
         };
         let mut speculative = cfg.speculative.clone();
         speculative.has_draft_model = draft.is_some();
+        speculative.has_mtp = bundle.transformer.num_mtp_modules() > 0;
+        speculative.mtp_cost = bundle.transformer.mtp_relative_cost();
         let mut draft_costs = None;
         if speculative.is_on() && speculative.depth.is_none() {
             let t = &bundle.transformer;
@@ -179,6 +186,11 @@ impl Engine {
         // The draft model's K/V holds as many tokens as the target's.
         let draft = draft.map(|d| DraftWorker::start(d, cfg.page_size, cfg.kv_dtype, num_pages));
         let model = Arc::new(bundle.transformer);
+        // The MTP heads' K/V, like the draft model's, holds as many tokens as the target's.
+        let mtp = speculative
+            .drafters()
+            .contains(Mtp)
+            .then(|| MtpWorker::start(model.clone(), cfg.page_size, cfg.kv_dtype, num_pages));
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
         let tokenizer =
             TokenizerActor::start(Arc::new(bundle.tokenizer), bundle.template.map(Arc::new));
@@ -199,6 +211,7 @@ impl Engine {
             pool: pool.clone(),
             registry: registry.clone(),
             draft: draft.clone(),
+            mtp: mtp.clone(),
             draft_costs,
         })
         .start();
@@ -210,6 +223,7 @@ impl Engine {
             pool,
             worker,
             draft,
+            mtp,
             next_stream_id: AtomicU64::new(0),
         })
     }
@@ -378,6 +392,14 @@ impl Engine {
         }
     }
 
+    /// The MTP heads' page pool, when they are in use.
+    pub async fn mtp_pool_stats(&self) -> Option<crate::kv::PoolStats> {
+        match &self.mtp {
+            Some(m) => m.send(GetDraftPoolStats).await.ok(),
+            None => None,
+        }
+    }
+
     pub async fn kv_bytes_allocated(&self) -> usize {
         self.worker.send(KvBytes).await.unwrap_or(0)
     }
@@ -389,6 +411,9 @@ impl Engine {
         let _ = self.pool.send(ClearCache).await;
         if let Some(d) = &self.draft {
             let _ = d.send(ClearIdleDrafts).await;
+        }
+        if let Some(m) = &self.mtp {
+            let _ = m.send(ClearIdleDrafts).await;
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The decoder-only transformer shared by llama, qwen2 and qwen3, read top-down: blocks, then
-//! the model. It is stateless: K/V live in pages passed in by the caller, and the caller says
-//! which rows need logits.
+//! the model, then its MTP heads. It is stateless: K/V live in pages passed in by the caller,
+//! and the caller says which rows need logits.
 
 use super::config::{Arch, ModelConfig};
 use super::layers::{
@@ -60,6 +60,31 @@ impl Block {
     }
 }
 
+/// A multi-token-prediction module (DeepSeek-V3, GGUF `nextn` layout): from the hidden state
+/// at position `p` (before the final norm) and the embedding of token `p + 1`, one transformer
+/// block predicts token `p + 2` through the model's own lm_head:
+/// `h' = block(eh_proj · [enorm(emb(t_{p+1})); hnorm(h_p)])`, logits `= lm_head(shared_head_norm(h'))`.
+struct MtpModule {
+    eh_proj: Linear,
+    enorm: Vec<f32>,
+    hnorm: Vec<f32>,
+    shared_head_norm: Vec<f32>,
+    block: Block,
+}
+
+impl MtpModule {
+    fn load(w: &mut GgufWeights, cfg: &ModelConfig, i: usize) -> Result<Self> {
+        let n = |s: &str| format!("blk.{i}.nextn.{s}");
+        Ok(Self {
+            eh_proj: w.linear(&n("eh_proj.weight"), None)?,
+            enorm: w.vector(&n("enorm.weight"))?,
+            hnorm: w.vector(&n("hnorm.weight"))?,
+            shared_head_norm: w.vector(&n("shared_head_norm.weight"))?,
+            block: Block::load(w, cfg, i)?,
+        })
+    }
+}
+
 /// Per-step facts about the batch rows, shared by all layers.
 struct RowLayout<'a> {
     batch: &'a [SeqStep<'a>],
@@ -73,6 +98,7 @@ pub struct Transformer {
     blocks: Vec<Block>,
     final_norm: Vec<f32>,
     lm_head: Linear,
+    mtp: Vec<MtpModule>,
 }
 
 impl Transformer {
@@ -104,6 +130,9 @@ impl Transformer {
             .map(|i| Block::load(&mut w, &config, i))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = w.vector("output_norm.weight")?;
+        let mtp = (config.num_layers..config.num_layers + config.num_mtp_layers)
+            .map(|i| MtpModule::load(&mut w, &config, i))
+            .collect::<Result<Vec<_>>>()?;
         let lm_head = if w.has("output.weight") {
             w.linear("output.weight", None)?
         } else {
@@ -126,7 +155,36 @@ impl Transformer {
             blocks,
             final_norm,
             lm_head,
+            mtp,
         })
+    }
+
+    /// MTP modules loaded with the model.
+    pub fn num_mtp_modules(&self) -> usize {
+        self.mtp.len()
+    }
+
+    /// One MTP module's forward relative to a one-row decode step of the model, estimated from
+    /// the weights each reads (decode is memory-bound): a block, `eh_proj` and the lm_head,
+    /// against every block and the lm_head.
+    pub fn mtp_relative_cost(&self) -> f64 {
+        let c = &self.config;
+        let (h, q, kv) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+        );
+        let block = (h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size) as f64;
+        let head = (c.vocab_size * h) as f64;
+        (block + 2.0 * (h * h) as f64 + head) / (c.num_layers as f64 * block + head)
+    }
+
+    /// The shape of a KV storage for the MTP modules: one layer per module.
+    pub fn mtp_kv_shape(&self, page_size: usize) -> KvShape {
+        KvShape {
+            num_layers: self.mtp.len(),
+            ..self.kv_shape(page_size)
+        }
     }
 
     /// The shape a KV storage for this model must have.
@@ -140,7 +198,8 @@ impl Transformer {
     }
 
     /// Runs one step over a ragged batch: writes every row's K/V into its pages and returns
-    /// logits (and optionally final hidden states) for the rows each sequence asked for.
+    /// logits for the rows each sequence asked for (and, with `want_hidden`, every row's
+    /// hidden state before the final norm).
     pub fn forward(
         &self,
         batch: &[SeqStep],
@@ -156,7 +215,48 @@ impl Transformer {
         for (layer, block) in self.blocks.iter().enumerate() {
             self.block_forward(block, layer, &mut x, &layout, kv)?;
         }
-        self.outputs(&x, batch, want_hidden)
+        let mut out = self.outputs(&x, batch, &self.final_norm)?;
+        if want_hidden {
+            out.hidden = x;
+        }
+        Ok(out)
+    }
+
+    /// Runs MTP module `module` over a ragged batch: each row takes a hidden state
+    /// (`hidden: [num rows, hidden_size]`, the target's or a module's output, before any final
+    /// norm) and the batch's token for that row (the token after the hidden state's position).
+    /// K/V go to layer `module` of `kv` (shaped by [`Transformer::mtp_kv_shape`]). Returns
+    /// logits for the rows asked for and every row's output hidden state.
+    pub fn mtp_forward(
+        &self,
+        module: usize,
+        batch: &[SeqStep],
+        hidden: &[f32],
+        kv: &mut KvStorage,
+    ) -> Result<ForwardOutput> {
+        let m = &self.mtp[module];
+        let layout = self.layout(batch, kv.shape().page_size)?;
+        let tokens: Vec<u32> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let hs = self.config.hidden_size;
+        assert_eq!(hidden.len(), tokens.len() * hs, "one hidden state per row");
+        let mut e = self.embed(&tokens)?;
+        rms_norm_in_place(&mut e, &m.enorm, self.config.rms_eps);
+        let mut h = Vec::new();
+        rms_norm(hidden, &m.hnorm, self.config.rms_eps, &mut h);
+        // [enorm(emb) ‖ hnorm(h)] per row: [num rows, 2 · hidden].
+        let joined: Vec<f32> = e
+            .chunks_exact(hs)
+            .zip(h.chunks_exact(hs))
+            .flat_map(|(e, h)| e.iter().chain(h).copied())
+            .collect();
+        let mut x = m.eh_proj.forward(&joined)?;
+        self.block_forward(&m.block, module, &mut x, &layout, kv)?;
+        let mut out = self.outputs(&x, batch, &m.shared_head_norm)?;
+        out.hidden = x;
+        Ok(out)
     }
 
     fn layout<'a>(&self, batch: &'a [SeqStep<'a>], page_size: usize) -> Result<RowLayout<'a>> {
@@ -257,12 +357,15 @@ impl Transformer {
         Ok(())
     }
 
-    fn outputs(&self, x: &[f32], batch: &[SeqStep], want_hidden: bool) -> Result<ForwardOutput> {
+    /// Logits (through `norm` and the lm_head) for the rows each sequence asked for.
+    fn outputs(&self, x: &[f32], batch: &[SeqStep], norm: &[f32]) -> Result<ForwardOutput> {
         let hs = self.config.hidden_size;
         let mut rows = Vec::new();
         let mut hidden = Vec::new();
+        let mut row_starts = Vec::with_capacity(batch.len() + 1);
         let mut offset = 0;
         for (seq, step) in batch.iter().enumerate() {
+            row_starts.push(offset);
             let n = step.tokens.len();
             let wanted = match step.outputs {
                 OutputRows::None => 0..0,
@@ -278,7 +381,8 @@ impl Transformer {
             }
             offset += n;
         }
-        rms_norm_in_place(&mut hidden, &self.final_norm, self.config.rms_eps);
+        row_starts.push(offset);
+        rms_norm_in_place(&mut hidden, norm, self.config.rms_eps);
         let mut logits = if rows.is_empty() {
             Vec::new()
         } else {
@@ -294,7 +398,8 @@ impl Transformer {
         }
         Ok(ForwardOutput {
             logits,
-            hidden: if want_hidden { hidden } else { Vec::new() },
+            hidden: Vec::new(),
+            row_starts,
             rows,
             vocab_size: vocab,
             hidden_size: hs,

@@ -38,8 +38,11 @@ pub struct OutputRow {
 pub struct ForwardOutput {
     /// `[rows.len(), vocab_size]`.
     pub logits: Vec<f32>,
-    /// `[rows.len(), hidden_size]`, final-normed hidden states; empty unless asked for.
+    /// `[num batch rows, hidden_size]`: every row's last-layer hidden state before the final
+    /// norm (what MTP heads take), in batch order; empty unless asked for.
     pub hidden: Vec<f32>,
+    /// First batch row of each sequence, then the total (with `hidden`).
+    pub row_starts: Vec<usize>,
     pub rows: Vec<OutputRow>,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -50,8 +53,10 @@ impl ForwardOutput {
         &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
     }
 
-    pub fn hidden_row(&self, i: usize) -> &[f32] {
-        &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
+    /// `[num rows of seq, hidden_size]`: batch sequence `seq`'s hidden states, when asked for.
+    pub fn hidden_of(&self, seq: usize) -> &[f32] {
+        let hs = self.hidden_size;
+        &self.hidden[self.row_starts[seq] * hs..self.row_starts[seq + 1] * hs]
     }
 
     /// Output rows belonging to batch sequence `seq`, in order.

@@ -17,9 +17,13 @@ use crate::sampling::{Distribution, SampleOutput, Sampler, TokenHistory};
 use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
 use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor, Truncate};
 use crate::spec::cost::DraftModelCosts;
-use crate::spec::draft_model::{DraftAsk, DraftRound, DraftWorker};
-use crate::spec::drafter_kv::{BeginDraft, DraftKey, DraftReply, EndDraft};
-use crate::spec::{self, DraftSource, Proposal, SeqSpec, SpecConfig, SpecCounters};
+use crate::spec::draft_model::DraftWorker;
+use crate::spec::drafter_kv::DraftKey;
+use crate::spec::mtp::MtpWorker;
+use crate::spec::{self, SeqSpec, SpecConfig, SpecCounters};
+use drafting::StepTally;
+
+mod drafting;
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -50,6 +54,11 @@ struct Active {
     page_ids: Vec<PageId>,
     /// The draft model's distributions for `seq.drafts` (sampled requests only).
     draft_probs: Option<Vec<Distribution>>,
+    /// Target hidden states of committed positions not yet handed to the MTP heads
+    /// (`[rows, hidden]` from `mtp_hidden_start`), and the next position to collect.
+    mtp_hidden: Vec<f32>,
+    mtp_hidden_start: usize,
+    mtp_next: usize,
     admitted_at: Instant,
     first_token_at: Option<Instant>,
 }
@@ -70,28 +79,12 @@ pub struct SchedulerActor {
     stats: SchedulerStats,
     /// The draft model's thread, when one is loaded.
     draft: Option<Addr<DraftWorker>>,
+    /// The MTP heads' thread, when the model has heads and the server uses them.
+    mtp: Option<Addr<MtpWorker>>,
     /// Its measured costs and the guard that pauses it while it is slower than plain decoding.
     draft_costs: Option<DraftModelCosts>,
     /// What the step in flight did, for the cost guard.
     tally: StepTally,
-}
-
-/// What one step did, as the draft model's cost guard needs to know.
-#[derive(Debug, Clone, Copy, Default)]
-struct StepTally {
-    /// Time of the draft-model round before the forward (zero without one).
-    draft_time: Duration,
-    /// The round drafted something.
-    model_drafted: bool,
-    /// The round also brought a sequence far behind up to date (a one-off per turn).
-    draft_catch_up: bool,
-    /// Some grant prefilled prompt tokens (such steps are not comparable).
-    prefill: bool,
-    /// Some grant verified drafts.
-    verified: bool,
-    /// Plain decode grants.
-    num_decode_rows: usize,
-    tokens_before: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -127,6 +120,7 @@ pub struct SchedulerParts {
     pub pool: Addr<PagePoolActor>,
     pub registry: Addr<SessionRegistry>,
     pub draft: Option<Addr<DraftWorker>>,
+    pub mtp: Option<Addr<MtpWorker>>,
     pub draft_costs: Option<DraftModelCosts>,
 }
 
@@ -147,6 +141,7 @@ impl SchedulerActor {
             step_started: Instant::now(),
             stats: SchedulerStats::default(),
             draft: p.draft,
+            mtp: p.mtp,
             draft_costs: p.draft_costs,
             tally: StepTally::default(),
         }
@@ -158,7 +153,7 @@ impl SchedulerActor {
 
     /// Ends a sequence: tells its stream, closes its session turn, frees throwaway pages.
     fn finish(&mut self, id: SeqId, outcome: Result<FinishReason, EngineError>) {
-        let Some(a) = self.active.remove(&id) else {
+        let Some(mut a) = self.active.remove(&id) else {
             return;
         };
         let event = match outcome {
@@ -182,14 +177,7 @@ impl SchedulerActor {
             Err(e) => SeqEvent::Error(e),
         };
         let _ = a.sub.events.send(event);
-        if let Some(draft) = self.draft.as_ref() {
-            if a.sub.spec.may_use(DraftSource::DraftModel) {
-                draft.do_send(EndDraft {
-                    key: a.sub.draft_key.clone(),
-                    keep: !a.sub.ephemeral,
-                });
-            }
-        }
+        self.end_drafting(&mut a);
         a.sub.session.do_send(EndTurn { publish: true });
         if a.sub.ephemeral {
             a.sub.session.do_send(ReleaseAll);
@@ -206,121 +194,6 @@ impl SchedulerActor {
         for id in gone {
             self.finish(id, Ok(FinishReason::Cancelled));
         }
-    }
-
-    /// Asks each decoding sequence's drafter for drafts, unless the batch is large enough that
-    /// decode is no longer memory-bound (then plain batched decoding is cheaper). Context drafts
-    /// are ready at once; the sequences that want draft-model drafts are returned as asks.
-    fn propose_drafts(&mut self) -> (Vec<SeqId>, Vec<DraftAsk>) {
-        let num_decoding = self
-            .active
-            .values()
-            .filter(|a| a.running && a.seq.num_pending() == 1)
-            .count();
-        let allowed = self.spec.is_on() && num_decoding <= self.spec.max_batch_seqs;
-        let model_ok = self.draft.is_some()
-            && (self.spec.depth.is_some()
-                || self.draft_costs.as_ref().is_none_or(|c| c.draft_model_ok()));
-        let mut ids = Vec::new();
-        let mut asks = Vec::new();
-        for (&id, a) in self.active.iter_mut() {
-            a.seq.drafts.clear();
-            a.draft_probs = None;
-            if !allowed || !a.running || a.seq.num_pending() != 1 {
-                continue;
-            }
-            // Every committed token counts against max_tokens: the drafts plus the bonus token.
-            let remaining = a.sub.max_tokens.saturating_sub(a.seq.num_generated());
-            let room = self.context_window.saturating_sub(a.seq.tokens.len());
-            let limit = remaining.saturating_sub(1).min(room);
-            let proposal =
-                a.sub
-                    .spec
-                    .propose(&self.spec, &a.seq.tokens, a.seq.num_prompt, limit, model_ok);
-            match proposal {
-                Proposal::None => {}
-                Proposal::Drafts(d) => a.seq.drafts = d,
-                Proposal::DraftModel { num_drafts } => {
-                    ids.push(id);
-                    asks.push(DraftAsk {
-                        key: a.sub.draft_key.clone(),
-                        tokens: a.seq.tokens.clone(),
-                        num_prompt: a.seq.num_prompt,
-                        num_drafts,
-                    });
-                }
-            }
-        }
-        (ids, asks)
-    }
-
-    /// Sends the asks to the draft model's thread (nothing to wait for without asks).
-    fn request_model_drafts(
-        &self,
-        asks: Vec<DraftAsk>,
-    ) -> impl std::future::Future<Output = Option<(DraftReply, Duration)>> {
-        let worker = self.draft.clone().filter(|_| !asks.is_empty());
-        async move {
-            let worker = worker?;
-            let started = Instant::now();
-            let reply = worker.send(DraftRound { asks }).await.ok()?;
-            Some((reply, started.elapsed()))
-        }
-    }
-
-    /// Hands each sequence the draft model's drafts (and their distributions).
-    fn take_model_drafts(&mut self, ids: Vec<SeqId>, reply: Option<(DraftReply, Duration)>) {
-        let Some((reply, elapsed)) = reply else {
-            for id in ids {
-                if let Some(a) = self.active.get_mut(&id) {
-                    a.sub.spec.source = None;
-                }
-            }
-            return;
-        };
-        self.tally.draft_time = elapsed;
-        self.tally.draft_catch_up = reply.num_catch_up_rows > 0;
-        for (id, drafted) in ids.into_iter().zip(reply.results) {
-            let Some(a) = self.active.get_mut(&id) else {
-                continue;
-            };
-            if drafted.drafts.is_empty() {
-                a.sub.spec.source = None;
-                continue;
-            }
-            self.tally.model_drafted = true;
-            a.seq.drafts = drafted.drafts;
-            a.draft_probs = drafted.probs;
-        }
-        if let Some(c) = self.draft_costs.as_mut() {
-            if self.tally.model_drafted && !self.tally.draft_catch_up {
-                c.observe_draft_round(reply.elapsed, reply.num_forwards);
-            }
-        }
-    }
-
-    /// Feeds the step just applied to the draft model's cost guard.
-    fn observe_costs(&mut self, forward_time: Duration) {
-        let t = self.tally;
-        let Some(c) = self.draft_costs.as_mut() else {
-            return;
-        };
-        let committed = (self.stats.tokens_generated - t.tokens_before) as usize;
-        // Prefill steps and a turn's one-off draft catch-up are not comparable.
-        if !t.prefill && !t.draft_catch_up {
-            if t.model_drafted {
-                c.observe_speculative(t.draft_time + forward_time, committed);
-            } else if !t.verified && t.draft_time.is_zero() {
-                c.observe_plain(forward_time, t.num_decode_rows);
-            }
-        }
-        if self.spec.depth.is_none() {
-            self.spec.draft_cost = c.relative_draft_cost();
-        }
-        self.stats.draft_model_pauses = c.num_pauses;
-        let (plain, spec) = c.per_token_s();
-        self.stats.plain_ms_per_token = plain * 1e3;
-        self.stats.draft_model_ms_per_token = spec * 1e3;
     }
 
     fn plan(&self, available_pages: usize) -> StepPlan {
@@ -378,6 +251,7 @@ impl SchedulerActor {
             .collect();
         let worker = self.worker.clone();
         let pool = self.pool.clone();
+        let want_hidden = self.wants_hidden(plan.grants.iter().map(|g| g.seq_id));
         async move {
             let mut granted = Vec::new();
             let mut refused = Vec::new();
@@ -417,7 +291,7 @@ impl SchedulerActor {
                 let started = Instant::now();
                 let out = worker.send(Forward {
                     steps,
-                    want_hidden: false,
+                    want_hidden,
                     copies,
                 });
                 let out = out.await.map_err(EngineError::from).and_then(|r| r);
@@ -465,7 +339,7 @@ impl SchedulerActor {
                 grant: g,
                 tokens,
                 page_ids,
-                ..
+                start,
             } = granted;
             let id = g.seq_id;
             let Some(a) = self.active.get_mut(&id) else {
@@ -484,8 +358,10 @@ impl SchedulerActor {
             self.tally.prefill |= plain_rows > 1 || !g.wants_logits;
             self.tally.verified |= g.num_drafts > 0;
             self.tally.num_decode_rows += usize::from(g.num_drafts == 0 && plain_rows == 1);
+            // Rows whose K/V (and hidden state) stay: all, or up to the last accepted draft.
+            let mut num_valid = tokens.len();
             if g.num_drafts > 0 {
-                self.verify_and_commit(id, &out, batch_index, tokens.len());
+                num_valid = self.verify_and_commit(id, &out, batch_index, tokens.len());
             } else if g.wants_logits {
                 let row = out
                     .rows_of(batch_index)
@@ -493,18 +369,20 @@ impl SchedulerActor {
                     .expect("logits were asked for");
                 self.sample_and_emit(id, &out, row);
             }
+            self.collect_hidden(id, &out, batch_index, start, num_valid);
         }
     }
 
     /// Verifies a grant's drafts, rolls the session back past the rejected ones, and commits
-    /// the accepted drafts and the bonus or correction token.
+    /// the accepted drafts and the bonus or correction token. Returns how many of the grant's
+    /// rows keep their K/V.
     fn verify_and_commit(
         &mut self,
         id: SeqId,
         out: &ForwardOutput,
         batch_index: usize,
         num_rows: usize,
-    ) {
+    ) -> usize {
         let page_size = self.cfg.page_size;
         let a = self.active.get_mut(&id).unwrap();
         let rows: Vec<&[f32]> = out
@@ -525,7 +403,7 @@ impl SchedulerActor {
             Ok(v) => v,
             Err(e) => {
                 self.finish(id, Err(EngineError::InvalidRequest(e.to_string())));
-                return;
+                return 0;
             }
         };
         if let Some(source) = a.sub.spec.source {
@@ -552,6 +430,7 @@ impl SchedulerActor {
                 break;
             }
         }
+        num_commit
     }
 
     /// How many of `emitted` to commit: up to and including the first that ends the sequence.
@@ -662,11 +541,11 @@ impl Handler<Step> for SchedulerActor {
             .into_actor(self)
             .then(|stats, act, _| {
                 let available = stats.map(|s| s.num_available()).unwrap_or(0);
-                let (ids, asks) = act.propose_drafts();
+                let asks = act.propose_drafts();
                 act.request_model_drafts(asks)
                     .into_actor(act)
-                    .then(move |reply, act, _| {
-                        act.take_model_drafts(ids, reply);
+                    .then(move |drafts, act, _| {
+                        act.take_model_drafts(drafts);
                         let plan = act.plan(available);
                         act.execute(plan)
                     })
@@ -716,18 +595,11 @@ impl Handler<Enqueue> for SchedulerActor {
             });
         }
         let sub = msg.0;
-        if let Some(draft) = self.draft.as_ref() {
-            if sub.spec.may_use(DraftSource::DraftModel) {
-                draft.do_send(BeginDraft {
-                    key: sub.draft_key.clone(),
-                    params: sub.sampler.params().clone(),
-                    seed: sub.sampler.seed() ^ 0x9e37_79b9_7f4a_7c15,
-                });
-            }
-        }
+        self.begin_drafting(&sub);
         let id = self.next_id;
         self.next_id += 1;
         let mut seq = Sequence::new(id, id, sub.tokens.clone(), sub.cached_tokens, sub.num_pages);
+        let seq_computed = seq.num_computed;
         seq.priority = sub.priority;
         self.active.insert(
             id,
@@ -737,6 +609,9 @@ impl Handler<Enqueue> for SchedulerActor {
                 sub,
                 page_ids: Vec::new(),
                 draft_probs: None,
+                mtp_hidden: Vec::new(),
+                mtp_hidden_start: 0,
+                mtp_next: seq_computed,
                 admitted_at: Instant::now(),
                 first_token_at: None,
             },

@@ -16,7 +16,7 @@
 
 use super::drafter_kv::{
     common_prefix, draft_forward_panicked, drafter_cache_handlers, draw, DraftKey, DraftReply,
-    Drafted, DrafterCache, MAX_CATCH_UP_ROWS,
+    Drafted, DrafterCache, Refusal, MAX_CATCH_UP_ROWS,
 };
 use crate::error::KvError;
 use crate::kv::{KvDtype, PoolStats};
@@ -133,7 +133,7 @@ impl DraftWorker {
             match self.prepare(i, ask, &mut catch_up_budget, &protected) {
                 Ok(Some(l)) => live.push(l),
                 Ok(None) => {}
-                Err(e) => results[i].refused = Some(e),
+                Err(e) => results[i].refused = Some(Refusal::Pool(e)),
             }
             num_catch_up_rows += before - catch_up_budget;
         }
@@ -295,5 +295,58 @@ impl Handler<DraftRound> for DraftWorker {
         let n = msg.asks.len();
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.round(msg.asks)));
         MessageResult(reply.unwrap_or_else(|_| draft_forward_panicked(&mut self.cache, n)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::KvError;
+    use crate::model::test_model::{write_test_model, TestModelSpec};
+    use crate::sampling::SamplingParams;
+
+    fn worker(num_pages: usize) -> (DraftWorker, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
+        let model = Arc::new(Transformer::load(&path).unwrap().0);
+        let mut w = DraftWorker::new(model, 4, KvDtype::F32, num_pages);
+        for key in ["a", "b"] {
+            w.cache.begin(key.into(), &SamplingParams::greedy(), 0);
+        }
+        (w, dir)
+    }
+
+    fn ask(key: &str, len: usize) -> DraftAsk {
+        DraftAsk {
+            key: key.into(),
+            tokens: (0..len as u32).map(|t| t * 7 % 500).collect(),
+            num_prompt: 2,
+            num_drafts: 3,
+        }
+    }
+
+    #[test]
+    fn a_full_pool_is_a_typed_refusal_and_idle_keys_make_room() {
+        let (mut w, _dir) = worker(4);
+        // 11 committed positions + 2 draft positions fit in 4 pages of 4.
+        let r = w.round(vec![ask("a", 12)]);
+        assert_eq!(r.results[0].drafts.len(), 3);
+        assert_eq!(w.pool_stats().num_used, 4);
+        // Another key needs the pages "a" holds: "a" is not in this round, so it is evicted.
+        let r = w.round(vec![ask("b", 10)]);
+        assert_eq!(r.results[0].drafts.len(), 3, "{:?}", r.results[0]);
+        // Both at once cannot fit: the second is refused, typed, and the first drafts.
+        let r = w.round(vec![ask("b", 11), ask("a", 8)]);
+        assert_eq!(r.results[0].drafts.len(), 3);
+        assert!(matches!(
+            r.results[1].refused,
+            Some(Refusal::Pool(KvError::PoolExhausted { .. }))
+        ));
+        // Longer than the whole pool: refused, nothing held beyond what "b" had.
+        let r = w.round(vec![ask("a", 40)]);
+        assert!(r.results[0].refused.is_some());
+        w.cache.end(&"a".into(), false);
+        w.cache.end(&"b".into(), false);
+        assert_eq!(w.pool_stats().num_used, 0);
     }
 }

@@ -30,7 +30,14 @@ pub struct Drafted {
     /// The distribution each draft was drawn from (`None` when greedy: drafts are argmaxes).
     pub probs: Option<Vec<Distribution>>,
     /// Why nothing was drafted, when the drafter could not hold or follow the sequence.
-    pub refused: Option<KvError>,
+    pub refused: Option<Refusal>,
+}
+
+/// Why a model drafter drafted nothing for a sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// Its page pool could not hold the sequence this step.
+    Pool(KvError),
 }
 
 #[derive(Debug, Default)]

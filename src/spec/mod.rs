@@ -13,6 +13,7 @@ pub mod cost;
 pub mod depth;
 pub mod draft_model;
 pub mod drafter_kv;
+pub mod mtp;
 pub mod ngram;
 mod seq;
 pub mod verify;
@@ -28,8 +29,8 @@ pub enum SpecMode {
     /// No speculation.
     #[default]
     Off,
-    /// Per step: a predicted output or a context n-gram match of useful length, else MTP heads
-    /// if the model has them, else the draft model if one is loaded, else plain decoding.
+    /// Per step: a predicted output or a context n-gram match of useful length, else the MTP
+    /// heads if the model has them, else the draft model if one is loaded, else plain decoding.
     Auto,
     /// Context n-gram lookup (and predicted outputs).
     Ngram,
@@ -168,6 +169,9 @@ pub struct SpecConfig {
     /// One draft-model forward relative to a one-row target decode step (measured at start-up,
     /// then kept up to date by the scheduler from the steps it times).
     pub draft_cost: f64,
+    /// One MTP module's forward relative to a one-row target decode step (estimated from the
+    /// parameter counts: decode is memory-bound).
+    pub mtp_cost: f64,
     /// Whether a draft model is loaded (set by the engine).
     pub has_draft_model: bool,
     /// Whether the target's MTP heads are loaded (set by the engine).
@@ -186,6 +190,7 @@ impl Default for SpecConfig {
             max_batch_seqs: 4,
             row_cost: 0.1,
             draft_cost: 0.5,
+            mtp_cost: 0.1,
             has_draft_model: false,
             has_mtp: false,
         }

@@ -12,6 +12,8 @@ pub enum Proposal {
     Drafts(Vec<u32>),
     /// Ask the draft model for this many tokens.
     DraftModel { num_drafts: usize },
+    /// Ask the MTP heads for this many tokens.
+    Mtp { num_drafts: usize },
 }
 
 /// One sequence's speculation state.
@@ -62,7 +64,8 @@ impl SeqSpec {
         if self.allowed.is_empty() || limit == 0 {
             return Proposal::None;
         }
-        let model_next = self.may_use(DraftSource::DraftModel) && draft_model_ok;
+        let draft_next = self.may_use(DraftSource::DraftModel) && draft_model_ok;
+        let model_next = draft_next || self.may_use(DraftSource::Mtp);
         if let Some((source, m)) = self.context_match(cfg, tokens, num_prompt, limit) {
             // With a model drafter to fall back on, a short context match is not worth it.
             let useful =
@@ -72,7 +75,14 @@ impl SeqSpec {
                 return Proposal::Drafts(m.draft);
             }
         }
-        if model_next {
+        if self.may_use(DraftSource::Mtp) {
+            let k = self.depth(cfg, DraftSource::Mtp).min(limit);
+            if k > 0 {
+                self.source = Some(DraftSource::Mtp);
+                return Proposal::Mtp { num_drafts: k };
+            }
+        }
+        if draft_next {
             let k = self.depth(cfg, DraftSource::DraftModel).min(limit);
             if k > 0 {
                 self.source = Some(DraftSource::DraftModel);
@@ -119,6 +129,7 @@ impl SeqSpec {
         let per_row = cfg.row_cost
             + match source {
                 DraftSource::DraftModel => cfg.draft_cost,
+                DraftSource::Mtp => cfg.mtp_cost,
                 _ => 0.0,
             };
         let best = self.acceptance[s].best_depth(cfg.max_depth, per_row, first_prior(source));

@@ -66,6 +66,11 @@ pub struct TestModelSpec {
     /// always, agrees with it — a stand-in for a small draft model in tests.
     #[arg(long, default_value_t = 0.0)]
     pub noise: f32,
+    /// MTP modules that mirror the last main block and the output norm and read only the
+    /// token (`eh_proj = [I | 0]`): for a one-layer model they predict what the model itself
+    /// will (almost always), so speculative tests see MTP drafts accepted.
+    #[arg(long)]
+    pub mtp_mirror: bool,
 }
 
 impl Default for TestModelSpec {
@@ -83,6 +88,7 @@ impl Default for TestModelSpec {
             q8: false,
             seed: 0,
             noise: 0.0,
+            mtp_mirror: false,
         }
     }
 }
@@ -307,6 +313,53 @@ fn block_tensors(
     Ok(())
 }
 
+/// MTP module `i` as a copy of the last main block reading only the token: `eh_proj = [I | 0]`,
+/// `enorm` rescaling the normalised embedding to the embeddings' own scale (rms 1/√3), and the
+/// output norm as its head norm.
+fn mirror_block(spec: &TestModelSpec, i: usize, out: &mut Vec<(String, QTensor)>) -> Result<()> {
+    let h = spec.hidden;
+    let last = format!("blk.{}.", spec.layers - 1);
+    let copy = |name: &str, out: &[(String, QTensor)]| -> Result<QTensor> {
+        let t = &out
+            .iter()
+            .find(|(n, _)| n == name)
+            .context("no such tensor")?
+            .1;
+        Ok(QTensor::quantize(&t.dequantize(&Device::Cpu)?, t.dtype())?)
+    };
+    let copies: Vec<(String, QTensor)> = out
+        .iter()
+        .filter(|(n, _)| n.starts_with(&last))
+        .map(|(n, _)| Ok((format!("blk.{i}.{}", &n[last.len()..]), copy(n, out)?)))
+        .collect::<Result<_>>()?;
+    out.extend(copies);
+    let mut eh = vec![0f32; h * 2 * h];
+    for r in 0..h {
+        eh[r * 2 * h + r] = 1.0;
+    }
+    let vector = |v: Vec<f32>| -> Result<QTensor> {
+        let n = v.len();
+        Ok(QTensor::quantize(
+            &Tensor::from_vec(v, n, &Device::Cpu)?,
+            GgmlDType::F32,
+        )?)
+    };
+    let eh = Tensor::from_vec(eh, (h, 2 * h), &Device::Cpu)?;
+    out.push((
+        format!("blk.{i}.nextn.eh_proj.weight"),
+        QTensor::quantize(&eh, GgmlDType::F32)?,
+    ));
+    let scale = 1.0 / 3f32.sqrt();
+    out.push((
+        format!("blk.{i}.nextn.enorm.weight"),
+        vector(vec![scale; h])?,
+    ));
+    out.push((format!("blk.{i}.nextn.hnorm.weight"), vector(vec![1.0; h])?));
+    let head_norm = copy("output_norm.weight", out)?;
+    out.push((format!("blk.{i}.nextn.shared_head_norm.weight"), head_norm));
+    Ok(())
+}
+
 fn random_tensors(spec: &TestModelSpec, vocab: usize) -> Result<Vec<(String, QTensor)>> {
     let mut init = Init {
         rng: ChaCha8Rng::seed_from_u64(spec.seed),
@@ -328,6 +381,10 @@ fn random_tensors(spec: &TestModelSpec, vocab: usize) -> Result<Vec<(String, QTe
     out.push(("output.weight".into(), init.matrix(vocab, h, 4.0)?));
     for d in 0..spec.mtp_depth {
         let i = spec.layers + d;
+        if spec.mtp_mirror {
+            mirror_block(spec, i, &mut out)?;
+            continue;
+        }
         block_tensors(&mut init, spec, i, &mut out)?;
         out.push((
             format!("blk.{i}.nextn.eh_proj.weight"),
