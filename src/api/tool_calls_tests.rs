@@ -36,8 +36,7 @@ fn reassemble(pieces: &[Piece]) -> Reassembled {
     r
 }
 
-fn run_in(chunks: &[&str], parse_tools: bool, single: bool) -> (Reassembled, ToolCallParser) {
-    let mut parser = ToolCallParser::new(parse_tools, single);
+fn feed(mut parser: ToolCallParser, chunks: &[&str]) -> (Reassembled, ToolCallParser) {
     let mut pieces = Vec::new();
     for c in chunks {
         pieces.extend(parser.push(c));
@@ -48,21 +47,30 @@ fn run_in(chunks: &[&str], parse_tools: bool, single: bool) -> (Reassembled, Too
     (r, parser)
 }
 
+fn run_in(chunks: &[&str], parse_tools: bool, single: bool) -> (Reassembled, ToolCallParser) {
+    feed(ToolCallParser::new(parse_tools, single), chunks)
+}
+
 fn run(text: &str) -> Reassembled {
     run_in(&[text], true, false).0
 }
 
-/// The same result whole, char by char, and split at every char boundary.
-fn check_all_splits(text: &str) -> Reassembled {
-    let whole = run(text);
+/// The same result whole, char by char, and split at every char boundary, from parsers made
+/// by `parser`.
+fn splits_agree(text: &str, parser: impl Fn() -> ToolCallParser) -> Reassembled {
+    let whole = feed(parser(), &[text]).0;
     let chars: Vec<String> = text.chars().map(String::from).collect();
     let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
-    assert_eq!(run_in(&refs, true, false).0, whole, "char by char");
+    assert_eq!(feed(parser(), &refs).0, whole, "char by char: {text:?}");
     for (at, _) in text.char_indices().skip(1) {
         let (a, b) = text.split_at(at);
-        assert_eq!(run_in(&[a, b], true, false).0, whole, "split at {at}");
+        assert_eq!(feed(parser(), &[a, b]).0, whole, "split at {at}");
     }
     whole
+}
+
+fn check_all_splits(text: &str) -> Reassembled {
+    splits_agree(text, || ToolCallParser::new(true, false))
 }
 
 fn call(name: &str, args: &str) -> (String, String) {
@@ -218,29 +226,9 @@ fn ids_are_unique() {
 /// With the declared tool names: the result whole, char by char and at every split.
 fn run_named(text: &str) -> Reassembled {
     let names = vec!["get_weather".to_string(), "read".to_string()];
-    let run_chunks = |chunks: &[&str]| {
-        let mut parser = ToolCallParser::new(true, false).with_tool_names(names.clone());
-        let mut pieces = Vec::new();
-        for c in chunks {
-            pieces.extend(parser.push(c));
-        }
-        pieces.extend(parser.finish());
-        let mut r = reassemble(&pieces);
-        r.ids.clear();
-        r
-    };
-    let whole = run_chunks(&[text]);
-    let chars: Vec<String> = text.chars().map(String::from).collect();
-    let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
-    assert_eq!(run_chunks(&refs), whole, "char by char: {text:?}");
-    for (at, _) in text.char_indices().skip(1) {
-        assert_eq!(
-            run_chunks(&[&text[..at], &text[at..]]),
-            whole,
-            "split at {at}"
-        );
-    }
-    whole
+    splits_agree(text, || {
+        ToolCallParser::new(true, false).with_tool_names(names.clone())
+    })
 }
 
 #[test]
