@@ -432,7 +432,7 @@ async fn http_responses_stream_the_standard_events_and_match_json() {
         .map(|v| serde_json::from_value(v).unwrap())
         .collect();
     seq_numbers_are_consecutive(&events);
-    let kinds: Vec<String> = events.iter().map(|e| e.kind()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind()).collect();
     assert_eq!(
         kinds[..5],
         [

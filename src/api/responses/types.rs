@@ -338,17 +338,129 @@ impl ResponseEvent {
         }
     }
 
-    /// The event's `type` string.
-    pub fn kind(&self) -> String {
-        serde_json::to_value(self)
-            .ok()
-            .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
-            .unwrap_or_else(|| "unknown".into())
+    /// The event's `type` string (what serde writes as its tag).
+    pub fn kind(&self) -> &'static str {
+        use ResponseEvent::*;
+        match self {
+            Created { .. } => "response.created",
+            InProgress { .. } => "response.in_progress",
+            OutputItemAdded { .. } => "response.output_item.added",
+            OutputItemDone { .. } => "response.output_item.done",
+            ContentPartAdded { .. } => "response.content_part.added",
+            ContentPartDone { .. } => "response.content_part.done",
+            OutputTextDelta { .. } => "response.output_text.delta",
+            OutputTextDone { .. } => "response.output_text.done",
+            ReasoningTextDelta { .. } => "response.reasoning_text.delta",
+            ReasoningTextDone { .. } => "response.reasoning_text.done",
+            FunctionCallArgumentsDelta { .. } => "response.function_call_arguments.delta",
+            FunctionCallArgumentsDone { .. } => "response.function_call_arguments.done",
+            Completed { .. } => "response.completed",
+            Incomplete { .. } => "response.incomplete",
+            Cancelled { .. } => "response.cancelled",
+            Failed { .. } => "response.failed",
+            Error { .. } => "error",
+            Unknown => "unknown",
+        }
     }
 
     pub fn sequence_number(&self) -> Option<u64> {
-        serde_json::to_value(self)
-            .ok()
-            .and_then(|v| v.get("sequence_number").and_then(Value::as_u64))
+        use ResponseEvent::*;
+        match self {
+            Created {
+                sequence_number, ..
+            }
+            | InProgress {
+                sequence_number, ..
+            }
+            | OutputItemAdded {
+                sequence_number, ..
+            }
+            | OutputItemDone {
+                sequence_number, ..
+            }
+            | ContentPartAdded {
+                sequence_number, ..
+            }
+            | ContentPartDone {
+                sequence_number, ..
+            }
+            | OutputTextDelta {
+                sequence_number, ..
+            }
+            | OutputTextDone {
+                sequence_number, ..
+            }
+            | ReasoningTextDelta {
+                sequence_number, ..
+            }
+            | ReasoningTextDone {
+                sequence_number, ..
+            }
+            | FunctionCallArgumentsDelta {
+                sequence_number, ..
+            }
+            | FunctionCallArgumentsDone {
+                sequence_number, ..
+            }
+            | Completed {
+                sequence_number, ..
+            }
+            | Incomplete {
+                sequence_number, ..
+            }
+            | Cancelled {
+                sequence_number, ..
+            }
+            | Failed {
+                sequence_number, ..
+            } => Some(*sequence_number),
+            Error { .. } | Unknown => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResponseEvent;
+    use serde_json::json;
+
+    /// `kind()` and `sequence_number()` read the variant; they must say what serde writes.
+    #[test]
+    fn kind_and_sequence_number_match_the_serialized_event() {
+        let response = json!({"id": "resp_1", "object": "response", "created_at": 0,
+            "status": "completed", "model": "m", "output": [], "parallel_tool_calls": true,
+            "store": true, "tool_choice": "auto", "tools": [], "truncation": "disabled",
+            "metadata": {}, "text": {}});
+        let item = json!({"type": "message", "id": "msg_1", "status": "completed",
+            "role": "assistant", "content": []});
+        for kind in [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.content_part.added",
+            "response.content_part.done",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.completed",
+            "response.incomplete",
+            "response.cancelled",
+            "response.failed",
+            "error",
+        ] {
+            // Fields a variant does not have are ignored when reading it.
+            let raw = json!({"type": kind, "sequence_number": 7, "response": response,
+                "output_index": 0, "item": item, "item_id": "msg_1", "content_index": 0,
+                "part": {"type": "reasoning_text", "text": ""}, "delta": "", "text": "",
+                "logprobs": [], "name": "f", "arguments": "{}", "error": {}});
+            let event: ResponseEvent = serde_json::from_value(raw).unwrap();
+            let written = serde_json::to_value(&event).unwrap();
+            assert_eq!(written["type"], event.kind(), "{kind}");
+            assert_eq!(written["sequence_number"].as_u64(), event.sequence_number());
+        }
     }
 }
