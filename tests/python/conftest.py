@@ -16,10 +16,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from openai import OpenAI
 
 ROOT = Path(__file__).resolve().parents[2]
 MTPX_BIN = os.environ.get("MTPX_BIN", str(ROOT / "target" / "release" / "mtpx"))
 WINDOW = 4096
+MODEL = "test-model"
+# The test model's last 9 token ids are special (end-of-turn and tags); banning them keeps
+# reply lengths exact.
+BAN_SPECIALS = {str(i): -100 for i in range(503, 512)}
+# The `read` tool's parameters, as both APIs' tool definitions carry them.
+READ_PARAMETERS = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}},
+    "required": ["path"],
+}
 
 
 def free_port() -> int:
@@ -91,3 +102,8 @@ def keyed_server_url(test_model, tmp_path_factory):
     proc, url = start_server(test_model, log, "--api-key", "sekret")
     yield url
     stop_server(proc, log)
+
+
+@pytest.fixture()
+def client(server_url) -> OpenAI:
+    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)

@@ -11,10 +11,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from conftest import WINDOW
+from conftest import BAN_SPECIALS, MODEL, READ_PARAMETERS, WINDOW
 
-BAN_SPECIALS = {str(i): -100 for i in range(503, 512)}
-MODEL = "test-model"
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Write a haiku about pages."},
@@ -22,22 +20,9 @@ MESSAGES = [
 TOOLS = [
     {
         "type": "function",
-        "function": {
-            "name": "read",
-            "description": "Read a file",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"],
-            },
-        },
+        "function": {"name": "read", "description": "Read a file", "parameters": READ_PARAMETERS},
     }
 ]
-
-
-@pytest.fixture()
-def client(server_url) -> OpenAI:
-    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
 
 
 def greedy(client: OpenAI, **kw):

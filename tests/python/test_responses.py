@@ -11,26 +11,10 @@ import openai
 import pytest
 from openai import OpenAI
 
-BAN_SPECIALS = {str(i): -100 for i in range(503, 512)}
-MODEL = "test-model"
+from conftest import BAN_SPECIALS, MODEL, READ_PARAMETERS
+
 PAGE = 16
-TOOLS = [
-    {
-        "type": "function",
-        "name": "read",
-        "description": "Read a file",
-        "parameters": {
-            "type": "object",
-            "properties": {"path": {"type": "string"}},
-            "required": ["path"],
-        },
-    }
-]
-
-
-@pytest.fixture()
-def client(server_url) -> OpenAI:
-    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+TOOLS = [{"type": "function", "name": "read", "description": "Read a file", "parameters": READ_PARAMETERS}]
 
 
 def create(client: OpenAI, **kw):
