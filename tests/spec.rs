@@ -18,7 +18,7 @@ use mtpx::model::ModelBundle;
 use mtpx::sampling::SamplingParams;
 use mtpx::scheduler::FinishReason;
 use mtpx::session::SessionKey;
-use mtpx::spec::{DraftSource, SpecChoice, SpecConfig, SpecMode};
+use mtpx::spec::{DraftSource, SpecChoice, SpecConfig, SpecMode, Verification};
 
 /// Page size 4 makes page crossings and rollbacks that empty a page frequent.
 fn cfg(spec: SpecConfig) -> EngineConfig {
@@ -492,7 +492,8 @@ async fn sampled_tokens_keep_the_plain_distribution() {
             ..ngram(Some(2))
         }),
     );
-    assert_sampling_keeps_the_distribution(&t.engine, DraftSource::Ngram).await;
+    assert_sampling_keeps_the_distribution(&t.engine, DraftSource::Ngram, Verification::Rejection)
+        .await;
 }
 
 #[actix_rt::test]
@@ -506,14 +507,21 @@ async fn sampled_tokens_with_a_draft_model_keep_the_plain_distribution() {
             ..draft(Some(2))
         }),
     );
-    assert_sampling_keeps_the_distribution(&t.engine, DraftSource::DraftModel).await;
+    for verification in [Verification::Rejection, Verification::Coupled] {
+        assert_sampling_keeps_the_distribution(&t.engine, DraftSource::DraftModel, verification)
+            .await;
+    }
     assert_pages_balance(&t.engine).await;
 }
 
 /// At temperature 1 (top-p 1 and 0.9), the tokens after the first sampled with drafts from
 /// `source` are distributed as plain sampling's (chi-square of homogeneity at 0.1%), and the
 /// same test notices a slight bias.
-async fn assert_sampling_keeps_the_distribution(engine: &Engine, source: DraftSource) {
+async fn assert_sampling_keeps_the_distribution(
+    engine: &Engine,
+    source: DraftSource,
+    verification: Verification,
+) {
     let prompt = confined_prompt(engine).await;
     let n = 20_000;
     for top_p in [1.0, 0.9] {
@@ -530,12 +538,17 @@ async fn assert_sampling_keeps_the_distribution(engine: &Engine, source: DraftSo
         let top = *first.iter().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
         let share = first[&top] / n as f64;
         let before = engine.scheduler_stats().await.spec;
-        let spec = histogram(engine, n, |s| sampled(&prompt, p(s, 0.0))).await;
+        let spec = histogram(engine, n, |s| {
+            let mut req = sampled(&prompt, p(s, 0.0));
+            req.verification = Some(verification);
+            req
+        })
+        .await;
         let after = engine.scheduler_stats().await.spec;
         let drafted = after.num_drafted(source) - before.num_drafted(source);
         let accepted = after.num_accepted(source) - before.num_accepted(source);
         println!(
-            "top_p {top_p}: drafted {drafted}, accepted {accepted}; {} outcomes",
+            "{verification:?}, top_p {top_p}: drafted {drafted}, accepted {accepted}; {} outcomes",
             reference.len()
         );
         assert!(
@@ -572,21 +585,54 @@ async fn assert_sampling_keeps_the_distribution(engine: &Engine, source: DraftSo
     }
 }
 
+/// With a seed, a sampled request's output is plain sampling's for that seed, token for token,
+/// whatever the drafter proposed, how deep, and whether the draft model's cost guard let it:
+/// so a seed reproduces its output across runs, servers and loads.
 #[actix_rt::test]
-async fn a_seed_reproduces_a_speculative_sampled_output() {
-    let t = start_engine(&TestModelSpec::default(), cfg(ngram(None)));
-    let prompt = confined_prompt(&t.engine).await;
-    let make = |seed| {
-        let mut r = sampled(&prompt, confined(seed, 0.9, ALPHABET[0], 0.0));
-        r.max_tokens = Some(40);
-        r
+async fn a_seed_gives_plain_samplings_output_whatever_the_drafters_do() {
+    let mirror = TestModelSpec {
+        layers: 1,
+        mtp_mirror: true,
+        ..with_heads(1)
     };
-    let a = run(&t.engine, make(7)).await;
-    let b = run(&t.engine, make(7)).await;
-    let c = run(&t.engine, make(8)).await;
-    assert_eq!(a.token_ids, b.token_ids);
-    assert_ne!(a.token_ids, c.token_ids);
-    assert!(a.usage.draft_tokens > 0);
+    let engines = [
+        (
+            "ngram",
+            start_engine(&TestModelSpec::default(), cfg(ngram(None))),
+        ),
+        (
+            "draft",
+            start_engine_with_draft(&TestModelSpec::default(), &close_draft(), cfg(draft(None))),
+        ),
+        ("mtp", start_engine(&mirror, cfg(mtp(Some(3))))),
+    ];
+    for (name, t) in &engines {
+        let prompt = confined_prompt(&t.engine).await;
+        let (mut drafted, mut accepted) = (0, 0);
+        for seed in 0..20 {
+            let mut req = sampled(
+                &prompt,
+                SamplingParams {
+                    temperature: 0.7,
+                    presence_penalty: if seed % 4 == 3 { 0.5 } else { 0.0 },
+                    ..confined(seed, 0.9, ALPHABET[0], 0.0)
+                },
+            );
+            req.max_tokens = Some(40);
+            let want = run(&t.engine, plain(req.clone())).await;
+            let got = run(&t.engine, req).await;
+            assert!(got.error.is_none(), "{:?}", got.error);
+            assert_eq!(got.token_ids, want.token_ids, "{name}, seed {seed}");
+            drafted += got.usage.draft_tokens;
+            accepted += got.usage.accepted_draft_tokens;
+        }
+        println!("{name}: drafted {drafted}, accepted {accepted}");
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "{name}: drafts are both accepted and rejected"
+        );
+        assert_pages_balance(&t.engine).await;
+    }
 }
 
 #[actix_rt::test]

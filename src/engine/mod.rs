@@ -28,7 +28,7 @@ use crate::spec::drafter_kv::{ClearIdleDrafts, GetDraftPoolStats};
 use crate::spec::mtp::MtpWorker;
 use crate::spec::{
     DraftSource::{DraftModel, Mtp},
-    SeqSpec, SpecConfig,
+    SeqSpec, SpecConfig, Verification,
 };
 use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
 use actix::prelude::*;
@@ -329,6 +329,9 @@ impl Engine {
             .await??;
         let (seq_tx, seq_rx) = unbounded_channel();
         let prompt_tokens = tokens.len();
+        let verification = req
+            .verification
+            .unwrap_or(Verification::for_seed(sampler.params().seed));
         let submission = Submission {
             tokens,
             cached_tokens: turn.cached_tokens,
@@ -336,7 +339,7 @@ impl Engine {
             max_tokens,
             priority: req.priority,
             sampler,
-            spec: SeqSpec::new(drafters, req.prediction),
+            spec: SeqSpec::new(drafters, req.prediction).verified(verification),
             session: session.clone(),
             ephemeral,
             draft_key: draft_key.into(),

@@ -44,6 +44,9 @@ pub struct GenerateRequest {
     pub speculative: Option<crate::spec::SpecChoice>,
     /// A predicted output (OpenAI Predicted Outputs), tokenized: a source of drafts.
     pub prediction: Option<Vec<u32>>,
+    /// How sampled drafts are verified; `None`: coupled (output identical to plain sampling)
+    /// when the request has a seed, rejection sampling when it has none.
+    pub verification: Option<crate::spec::Verification>,
 }
 
 impl GenerateRequest {
@@ -57,6 +60,7 @@ impl GenerateRequest {
             priority: 0,
             speculative: None,
             prediction: None,
+            verification: None,
         }
     }
 }

@@ -399,6 +399,7 @@ impl SchedulerActor {
             &drafts,
             probs.as_deref(),
             &rows,
+            a.sub.spec.verification,
         ) {
             Ok(v) => v,
             Err(e) => {

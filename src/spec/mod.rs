@@ -20,7 +20,7 @@ pub mod verify;
 
 pub use depth::{Acceptance, MAX_DEPTH};
 pub use seq::{Proposal, SeqSpec};
-pub use verify::{verify, Verdict};
+pub use verify::{verify, Verdict, Verification};
 
 /// Which drafters the server uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]

@@ -31,6 +31,8 @@ pub struct SeqSpec {
     pub num_drafted: usize,
     pub num_accepted: usize,
     pub by_depth: crate::scheduler::DepthCounts,
+    /// How this sequence's sampled drafts are verified.
+    pub verification: super::Verification,
 }
 
 /// After this many rounds with an adaptive depth of 0, draft one token to re-measure.
@@ -42,6 +44,13 @@ impl SeqSpec {
             allowed,
             prediction: prediction.filter(|p| !p.is_empty()),
             ..Self::default()
+        }
+    }
+
+    pub fn verified(self, verification: super::Verification) -> Self {
+        Self {
+            verification,
+            ..self
         }
     }
 

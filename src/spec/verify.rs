@@ -8,13 +8,41 @@
 //!
 //! - Greedy: a draft is accepted iff it equals the target's argmax (after bias and penalties,
 //!   with the accepted drafts before it in the history), so the output is plain greedy decoding.
-//! - Sampled: rejection sampling (Leviathan et al. 2023, Chen et al. 2023): accept draft `x` with
-//!   probability `min(1, p(x)/q(x))`; on rejection draw from `norm((p − q)+)`. A deterministic
-//!   drafter has `q` one-hot on `x`. The committed tokens are then distributed exactly as the
-//!   target's sampling distribution `p`.
+//! - Sampled, [`Verification::Coupled`]: each row is sampled exactly as plain decoding samples
+//!   it (same sampler, same RNG draws) and a draft is accepted iff it equals that sample. The
+//!   output is then plain sampling's, token for token, for the sequence's seed: drafters, depths,
+//!   the draft model's cost guard and batching cannot change it. For a deterministic drafter
+//!   (n-gram, predicted outputs: `q` one-hot) this accepts `x` with probability `p(x)` and
+//!   otherwise yields a draw from `p` without `x`: the same law as rejection sampling.
+//! - Sampled, [`Verification::Rejection`]: rejection sampling (Leviathan et al. 2023, Chen et
+//!   al. 2023): accept draft `x` with probability `min(1, p(x)/q(x))`; on rejection draw from
+//!   `norm((p − q)+)`. For a drafter with its own distribution `q` this accepts more often than
+//!   coupling (`Σ min(p, q)` against `Σ p·q`), but which token comes out depends on whether a
+//!   position was drafted. The committed tokens are distributed exactly as `p` either way.
 
 use crate::sampling::{Distribution, SampleOutput, Sampler, SamplingError, TokenHistory};
 use rand::Rng;
+
+/// How sampled rows are verified (greedy rows always compare with the argmax).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Verification {
+    /// Sample each row as plain decoding does and accept a draft iff it is that sample.
+    #[default]
+    Coupled,
+    /// Rejection sampling against the drafter's distribution.
+    Rejection,
+}
+
+impl Verification {
+    /// A request with a seed is coupled, so the seed reproduces its output whatever the drafters
+    /// did; one without (nothing to reproduce) takes rejection sampling's higher acceptance.
+    pub fn for_seed(seed: Option<u64>) -> Self {
+        match seed {
+            Some(_) => Verification::Coupled,
+            None => Verification::Rejection,
+        }
+    }
+}
 
 /// What verification decided for one sequence.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,22 +54,24 @@ pub struct Verdict {
 
 /// Verifies `drafts` against the target's logits. `rows[i]` (`[num_vocab]`) are the logits that
 /// follow the pending token (i = 0) or draft `i - 1`: `drafts.len() + 1` rows. `draft_probs[i]`
-/// is the drafter's distribution `q` for draft `i`, or `None` for a deterministic drafter.
+/// is the drafter's distribution `q` for draft `i`, or `None` for a deterministic drafter
+/// (`q` is only read by [`Verification::Rejection`]).
 pub fn verify(
     sampler: &mut Sampler,
     history: &TokenHistory,
     drafts: &[u32],
     draft_probs: Option<&[Distribution]>,
     rows: &[&[f32]],
+    verification: Verification,
 ) -> Result<Verdict, SamplingError> {
     assert_eq!(rows.len(), drafts.len() + 1, "one logits row per draft + 1");
     let mut generated = history.generated.to_vec();
     let mut emitted = Vec::with_capacity(rows.len());
-    let greedy = sampler.params().is_greedy();
+    let plain = sampler.params().is_greedy() || verification == Verification::Coupled;
     for (i, row) in rows.iter().enumerate() {
         let h = TokenHistory::new(history.prompt, &generated);
         let draft = drafts.get(i).copied();
-        let out = if greedy {
+        let out = if plain {
             sampler.sample(row, &h)?
         } else {
             let p = sampler.final_distribution(row, &h)?;
@@ -110,7 +140,15 @@ mod tests {
     fn greedy_accepts_the_matching_prefix_then_corrects() {
         let rows = [one_hot(8, 3), one_hot(8, 4), one_hot(8, 6), one_hot(8, 1)];
         let rows: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
-        let v = verify(&mut greedy(), &TokenHistory::EMPTY, &[3, 4, 5], None, &rows).unwrap();
+        let v = verify(
+            &mut greedy(),
+            &TokenHistory::EMPTY,
+            &[3, 4, 5],
+            None,
+            &rows,
+            Verification::Coupled,
+        )
+        .unwrap();
         let tokens: Vec<u32> = v.emitted.iter().map(|o| o.token).collect();
         assert_eq!(
             tokens,
@@ -124,7 +162,15 @@ mod tests {
     fn greedy_all_accepted_takes_the_bonus_token() {
         let rows = [one_hot(8, 3), one_hot(8, 4), one_hot(8, 7)];
         let rows: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
-        let v = verify(&mut greedy(), &TokenHistory::EMPTY, &[3, 4], None, &rows).unwrap();
+        let v = verify(
+            &mut greedy(),
+            &TokenHistory::EMPTY,
+            &[3, 4],
+            None,
+            &rows,
+            Verification::Coupled,
+        )
+        .unwrap();
         let tokens: Vec<u32> = v.emitted.iter().map(|o| o.token).collect();
         assert_eq!(tokens, vec![3, 4, 7]);
         assert_eq!(v.num_accepted, 2);
@@ -140,7 +186,15 @@ mod tests {
         })
         .unwrap();
         let rows: Vec<&[f32]> = vec![&row, &row];
-        let v = verify(&mut s, &TokenHistory::EMPTY, &[2], None, &rows).unwrap();
+        let v = verify(
+            &mut s,
+            &TokenHistory::EMPTY,
+            &[2],
+            None,
+            &rows,
+            Verification::Coupled,
+        )
+        .unwrap();
         let tokens: Vec<u32> = v.emitted.iter().map(|o| o.token).collect();
         assert_eq!(
             tokens,
@@ -210,6 +264,49 @@ mod tests {
                 },
             ),
         ]
+    }
+
+    /// Coupled verification emits what plain sampling draws from the same seed, whatever the
+    /// drafts were: the accepted prefix, then plain sampling's own token.
+    #[test]
+    fn coupled_verification_emits_plain_samplings_tokens() {
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        let rows: Vec<Vec<f32>> = (0..6)
+            .map(|_| (0..16).map(|_| rng.random_range(-1.0..1.0)).collect())
+            .collect();
+        let rows: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+        let params = SamplingParams {
+            seed: Some(3),
+            top_p: 0.95,
+            ..SamplingParams::default()
+        };
+        let mut plain = Sampler::new(params.clone()).unwrap();
+        let mut generated = Vec::new();
+        for row in &rows {
+            let h = TokenHistory::new(&[], &generated);
+            generated.push(plain.sample(row, &h).unwrap().token);
+        }
+        // Drafts that agree with plain sampling for the first `n` tokens, then disagree.
+        for n in 0..rows.len() {
+            let mut drafts = generated[..n].to_vec();
+            if n + 1 < rows.len() {
+                drafts.push((generated[n] + 1) % 16);
+            }
+            let rows = &rows[..drafts.len() + 1];
+            let mut s = Sampler::new(params.clone()).unwrap();
+            let v = verify(
+                &mut s,
+                &TokenHistory::EMPTY,
+                &drafts,
+                None,
+                rows,
+                Verification::Coupled,
+            )
+            .unwrap();
+            let tokens: Vec<u32> = v.emitted.iter().map(|o| o.token).collect();
+            assert_eq!(tokens, generated[..tokens.len()], "{n} agreeing drafts");
+            assert_eq!(v.num_accepted, n);
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::scheduler::sequence::SeqId;
 use crate::spec::draft_model::{DraftAsk, DraftRound};
 use crate::spec::drafter_kv::{BeginDraft, DraftReply, EndDraft};
 use crate::spec::mtp::{MtpAsk, MtpRound};
-use crate::spec::{DraftSource, Proposal};
+use crate::spec::{DraftSource, Proposal, Verification};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -46,9 +46,15 @@ pub(super) struct ModelDrafts {
 impl SchedulerActor {
     /// Tells the model drafters a sequence's turn begins (how to draw its drafts).
     pub(super) fn begin_drafting(&self, sub: &Submission) {
+        let mut params = sub.sampler.params().clone();
+        if sub.spec.verification == Verification::Coupled {
+            // A coupled draft is accepted iff the target samples it: the most likely token
+            // under the drafter's (penalised) distribution is its best guess.
+            params.temperature = 0.0;
+        }
         let begin = || BeginDraft {
             key: sub.draft_key.clone(),
-            params: sub.sampler.params().clone(),
+            params: params.clone(),
             seed: sub.sampler.seed() ^ 0x9e37_79b9_7f4a_7c15,
         };
         if let Some(d) = self
