@@ -784,3 +784,62 @@ async fn smollm2_cannot_draft_for_qwen() {
         "{msg}"
     );
 }
+
+/// The draft model's and the MTP heads' K/V come out of `--kv-memory`: their pools hold as many
+/// pages as the target's, and the pages of all of them together fit the budget.
+#[actix_rt::test]
+async fn drafters_kv_comes_out_of_the_kv_budget() {
+    let budget: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let target_path = write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
+    let heads_path = write_test_model(&dir.path().join("heads"), &with_heads(2)).unwrap();
+    let draft_path = write_test_model(&dir.path().join("draft"), &far_draft()).unwrap();
+    let page_bytes = |path: &std::path::Path, mtp: bool| {
+        let t = ModelBundle::load(path).unwrap().transformer;
+        let shape = if mtp {
+            t.mtp_kv_shape(4)
+        } else {
+            t.kv_shape(4)
+        };
+        shape.page_bytes(KvDtype::F32) as u64
+    };
+    let cases = [
+        ("draft model", &target_path, Some(&draft_path), draft(None)),
+        ("MTP heads", &heads_path, None, mtp(None)),
+    ];
+    for (name, target, draft_model, spec) in cases {
+        let drafter_bytes = match draft_model {
+            Some(d) => page_bytes(d, false),
+            None => page_bytes(target, true),
+        };
+        let per_page = page_bytes(target, false) + drafter_bytes;
+        let engine = Engine::start(
+            ModelBundle::load(target).unwrap(),
+            EngineConfig {
+                kv_memory: KvMemory::Bytes(budget),
+                draft_model: draft_model.cloned(),
+                ..cfg(spec)
+            },
+        )
+        .unwrap();
+        let info = engine.info();
+        assert_eq!(info.num_pages as u64, budget / per_page, "{name}");
+        assert_eq!(info.kv_budget_bytes, info.num_pages as u64 * per_page);
+        assert!(info.kv_budget_bytes <= budget);
+        assert_eq!(
+            info.context_window,
+            info.num_pages * 4,
+            "{name}: the budget bounds the window"
+        );
+        let drafter_pool = match draft_model {
+            Some(_) => engine.draft_pool_stats().await,
+            None => engine.mtp_pool_stats().await,
+        };
+        assert_eq!(drafter_pool.unwrap().num_pages, info.num_pages, "{name}");
+        // A request the budget holds runs, and drafts.
+        let prompt = token_ids(3, info.context_window - 64);
+        let out = run(&engine, greedy_tokens(prompt, 32)).await;
+        assert!(out.error.is_none(), "{name}: {:?}", out.error);
+        assert_pages_balance(&engine).await;
+    }
+}

@@ -3,7 +3,8 @@
 //! - aggregate decode throughput at each concurrency (greedy, `--tokens` each);
 //! - continuation time-to-first-token: a session holding `--history` tokens gets 50 new ones,
 //!   against a fresh 50-token prompt;
-//! - scheduler overhead per step (everything but the forward pass), at the highest concurrency.
+//! - scheduler overhead per step (everything but the forward pass and the worker's sampling),
+//!   and the worker's sampling time per step (parallel over the step's decode rows).
 
 use super::ModelArgs;
 use crate::engine::{Engine, EngineConfig, EngineEvent, GenerateRequest, Prompt};
@@ -117,6 +118,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
                 "vs_single_stream": tps / single_tps,
                 "scheduler_overhead_us_mean": (after.overhead_us_total - before.overhead_us_total) as f64 / steps as f64,
                 "scheduler_overhead_us_max": after.overhead_us_max,
+                "worker_sampling_us_mean": (after.sampling_us_total - before.sampling_us_total) as f64 / steps as f64,
             }));
             engine.clear_caches().await;
         }

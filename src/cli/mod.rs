@@ -69,7 +69,8 @@ pub struct ModelArgs {
     /// A known model name (pulled on first use) or a path to a GGUF file.
     #[arg(long, short, default_value = DEFAULT_MODEL)]
     pub model: String,
-    /// KV cache budget: bytes (4GiB, 512MB) or a fraction of RAM (0.25, 25%).
+    /// KV cache budget: bytes (4GiB, 512MB) or a fraction of RAM (0.25, 25%); it holds the
+    /// model's K/V and its drafters' (draft model, MTP heads), which keep as many tokens.
     #[arg(long, default_value = "0.25")]
     pub kv_memory: KvMemory,
     /// KV element type: f16, f32 or q8.

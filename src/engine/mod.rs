@@ -86,6 +86,7 @@ pub struct EngineInfo {
     pub num_pages: usize,
     pub page_size: usize,
     pub kv_dtype: KvDtype,
+    /// K/V bytes the budget holds: the model's pages and its drafters' (draft model, MTP heads).
     pub kv_budget_bytes: u64,
     pub vocab_size: usize,
     /// With speculation on: the cost of an extra verify row relative to a decode step.
@@ -119,23 +120,6 @@ pub type EventStream = UnboundedReceiver<EngineEvent>;
 impl Engine {
     /// Starts the actors. Must run inside an actix system (actix-web's runtime is one).
     pub fn start(bundle: ModelBundle, cfg: EngineConfig) -> Result<Self> {
-        let kv_shape = bundle.transformer.kv_shape(cfg.page_size);
-        let page_bytes = kv_shape.page_bytes(cfg.kv_dtype) as u64;
-        let budget = cfg.kv_memory.bytes();
-        let num_pages = (budget / page_bytes) as usize;
-        if num_pages == 0 {
-            bail!("--kv-memory {budget} bytes cannot hold one {page_bytes}-byte KV page");
-        }
-        let model_ctx = bundle.transformer.config.context_length;
-        let context_window = [
-            Some(model_ctx),
-            cfg.context_window,
-            Some(num_pages * cfg.page_size),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap();
         let draft = match &cfg.draft_model {
             Some(path) => {
                 let draft = ModelBundle::load(path)?;
@@ -148,6 +132,43 @@ impl Engine {
         speculative.has_draft_model = draft.is_some();
         speculative.has_mtp = bundle.transformer.num_mtp_modules() > 0;
         speculative.mtp_cost = bundle.transformer.mtp_relative_cost();
+        let uses_mtp = speculative.drafters().contains(Mtp);
+        // The budget covers every K/V: the target's, and the draft model's and MTP heads', whose
+        // pools hold as many tokens as the target's. A page of the budget is all three.
+        let target_page_bytes = bundle
+            .transformer
+            .kv_shape(cfg.page_size)
+            .page_bytes(cfg.kv_dtype);
+        let drafter_page_bytes = draft
+            .as_ref()
+            .map_or(0, |d| d.kv_shape(cfg.page_size).page_bytes(cfg.kv_dtype))
+            + if uses_mtp {
+                bundle
+                    .transformer
+                    .mtp_kv_shape(cfg.page_size)
+                    .page_bytes(cfg.kv_dtype)
+            } else {
+                0
+            };
+        let page_bytes = (target_page_bytes + drafter_page_bytes) as u64;
+        let budget = cfg.kv_memory.bytes();
+        let num_pages = (budget / page_bytes) as usize;
+        if num_pages == 0 {
+            bail!(
+                "--kv-memory {budget} bytes cannot hold one KV page ({target_page_bytes} bytes \
+                 for the model, {drafter_page_bytes} for its drafters)"
+            );
+        }
+        let model_ctx = bundle.transformer.config.context_length;
+        let context_window = [
+            Some(model_ctx),
+            cfg.context_window,
+            Some(num_pages * cfg.page_size),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap();
         let mut draft_costs = None;
         if speculative.is_on() && speculative.depth.is_none() {
             let t = &bundle.transformer;
@@ -187,9 +208,7 @@ impl Engine {
         let draft = draft.map(|d| DraftWorker::start(d, cfg.page_size, cfg.kv_dtype, num_pages));
         let model = Arc::new(bundle.transformer);
         // The MTP heads' K/V, like the draft model's, holds as many tokens as the target's.
-        let mtp = speculative
-            .drafters()
-            .contains(Mtp)
+        let mtp = uses_mtp
             .then(|| MtpWorker::start(model.clone(), cfg.page_size, cfg.kv_dtype, num_pages));
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
         let tokenizer =

@@ -109,15 +109,22 @@ impl Linear {
 
     /// `x`: `[num_rows, in_dim]` → `[num_rows, out_dim]`.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let mut y = Vec::new();
+        self.forward_into(x, &mut y)?;
+        Ok(y)
+    }
+
+    /// [`Linear::forward`] into `y`, reusing its allocation.
+    pub fn forward_into(&self, x: &[f32], y: &mut Vec<f32>) -> Result<()> {
         let num_rows = x.len() / self.in_dim;
-        let mut y = vec![0f32; num_rows * self.out_dim];
-        SCRATCH.with(|s| self.weight.matmul(x, &mut y, &mut s.borrow_mut()));
+        y.resize(num_rows * self.out_dim, 0.0);
+        SCRATCH.with(|s| self.weight.matmul(x, y, &mut s.borrow_mut()));
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(self.out_dim) {
                 add_in_place(row, bias);
             }
         }
-        Ok(y)
+        Ok(())
     }
 }
 

@@ -206,6 +206,19 @@ impl Transformer {
         kv: &mut KvStorage,
         want_hidden: bool,
     ) -> Result<ForwardOutput> {
+        self.forward_into(batch, kv, want_hidden, Vec::new())
+    }
+
+    /// [`Transformer::forward`], writing the logits into `logits` (a buffer from an earlier
+    /// step, reused: a batch of 64 decode rows has 39 MB of logits, and allocating and freeing
+    /// that every step costs more than sampling it).
+    pub fn forward_into(
+        &self,
+        batch: &[SeqStep],
+        kv: &mut KvStorage,
+        want_hidden: bool,
+        logits: Vec<f32>,
+    ) -> Result<ForwardOutput> {
         let layout = self.layout(batch, kv.shape().page_size)?;
         let tokens: Vec<u32> = batch
             .iter()
@@ -215,7 +228,7 @@ impl Transformer {
         for (layer, block) in self.blocks.iter().enumerate() {
             self.block_forward(block, layer, &mut x, &layout, kv)?;
         }
-        let mut out = self.outputs(&x, batch, &self.final_norm)?;
+        let mut out = self.outputs(&x, batch, &self.final_norm, logits)?;
         if want_hidden {
             out.hidden = x;
         }
@@ -254,7 +267,7 @@ impl Transformer {
             .collect();
         let mut x = m.eh_proj.forward(&joined)?;
         self.block_forward(&m.block, module, &mut x, &layout, kv)?;
-        let mut out = self.outputs(&x, batch, &m.shared_head_norm)?;
+        let mut out = self.outputs(&x, batch, &m.shared_head_norm, Vec::new())?;
         out.hidden = x;
         Ok(out)
     }
@@ -358,7 +371,13 @@ impl Transformer {
     }
 
     /// Logits (through `norm` and the lm_head) for the rows each sequence asked for.
-    fn outputs(&self, x: &[f32], batch: &[SeqStep], norm: &[f32]) -> Result<ForwardOutput> {
+    fn outputs(
+        &self,
+        x: &[f32],
+        batch: &[SeqStep],
+        norm: &[f32],
+        mut logits: Vec<f32>,
+    ) -> Result<ForwardOutput> {
         let hs = self.config.hidden_size;
         let mut rows = Vec::new();
         let mut hidden = Vec::new();
@@ -383,11 +402,10 @@ impl Transformer {
         }
         row_starts.push(offset);
         rms_norm_in_place(&mut hidden, norm, self.config.rms_eps);
-        let mut logits = if rows.is_empty() {
-            Vec::new()
-        } else {
-            self.lm_head.forward(&hidden)?
-        };
+        logits.clear();
+        if !rows.is_empty() {
+            self.lm_head.forward_into(&hidden, &mut logits)?;
+        }
         let vocab = self.config.vocab_size;
         if self.lm_head.out_dim != vocab {
             // Some files pad the output projection; keep only real tokens.
@@ -403,6 +421,7 @@ impl Transformer {
             rows,
             vocab_size: vocab,
             hidden_size: hs,
+            ..ForwardOutput::default()
         })
     }
 }

@@ -3,6 +3,8 @@
 //! each saying which of its rows need logits.
 
 use crate::kv::PageId;
+use crate::sampling::{SampleOutput, Sampler, SamplingError};
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputRows {
@@ -46,6 +48,18 @@ pub struct ForwardOutput {
     pub rows: Vec<OutputRow>,
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// The rows the worker sampled (see `runner::worker::SampleJob`), and how long that took.
+    pub sampled: Vec<Sampled>,
+    pub sampling_time: Duration,
+}
+
+/// A sequence's sampler back from the worker with the token it drew from its last output row.
+#[derive(Debug)]
+pub struct Sampled {
+    /// The sequence's index in the step.
+    pub step: usize,
+    pub sampler: Sampler,
+    pub result: Result<SampleOutput, SamplingError>,
 }
 
 impl ForwardOutput {

@@ -2,16 +2,21 @@
 //! forward per message. Only the scheduler talks to it; the batch it receives already names
 //! every page each sequence may touch.
 
-use super::batch::{ForwardOutput, OutputRows, SeqStep};
+use super::batch::{ForwardOutput, OutputRows, Sampled, SeqStep};
 use crate::error::EngineError;
 use crate::kv::{KvDtype, KvStorage, PageCopy, PageId};
 use crate::model::Transformer;
+use crate::sampling::{Sampler, SamplingError, TokenHistory};
 use actix::prelude::*;
+use rayon::prelude::*;
 use std::sync::Arc;
+use std::time::Instant;
 
 pub struct ModelWorker {
     model: Arc<Transformer>,
     kv: KvStorage,
+    /// The last step's logits buffer, when nobody else needed its rows: reused for the next.
+    spare_logits: Vec<f32>,
 }
 
 impl ModelWorker {
@@ -25,6 +30,7 @@ impl ModelWorker {
         SyncArbiter::start(1, move || ModelWorker {
             kv: KvStorage::new(model.kv_shape(page_size), dtype, num_pages),
             model: model.clone(),
+            spare_logits: Vec::new(),
         })
     }
 }
@@ -42,6 +48,38 @@ pub struct OwnedSeqStep {
     pub outputs: OutputRows,
 }
 
+/// A sequence whose next token the worker draws from its last output row right after the
+/// forward: the rows are sampled in parallel while the logits are at hand, and the scheduler's
+/// step only commits tokens. The sampler travels here and back in [`Sampled`].
+#[derive(Debug)]
+pub struct SampleJob {
+    /// The sequence's index in [`Forward::steps`].
+    pub step: usize,
+    pub sampler: Sampler,
+    /// The sequence's tokens so far, of which the first `num_prompt` are the prompt; empty when
+    /// the sampler reads no history (no penalty).
+    pub tokens: Vec<u32>,
+    pub num_prompt: usize,
+}
+
+impl SampleJob {
+    fn run(mut self, out: &ForwardOutput) -> Sampled {
+        let history = TokenHistory::new(
+            &self.tokens[..self.num_prompt.min(self.tokens.len())],
+            self.tokens.get(self.num_prompt..).unwrap_or(&[]),
+        );
+        let result = match out.rows_of(self.step).last() {
+            Some(row) => self.sampler.sample(out.logits_row(row), &history),
+            None => Err(SamplingError::EmptyLogits),
+        };
+        Sampled {
+            step: self.step,
+            sampler: self.sampler,
+            result,
+        }
+    }
+}
+
 #[derive(Message)]
 #[rtype(result = "Result<ForwardOutput, EngineError>")]
 pub struct Forward {
@@ -49,6 +87,8 @@ pub struct Forward {
     pub want_hidden: bool,
     /// Copy-on-write page copies, run before the forward reads or writes any page.
     pub copies: Vec<PageCopy>,
+    /// Rows to sample after the forward.
+    pub sample: Vec<SampleJob>,
 }
 
 impl Handler<Forward> for ModelWorker {
@@ -66,14 +106,30 @@ impl Handler<Forward> for ModelWorker {
             })
             .collect();
         // A bug in a kernel must fail this step's requests, not take the worker thread down.
+        let logits = std::mem::take(&mut self.spare_logits);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             for &copy in &msg.copies {
                 self.kv.copy_slots(copy);
             }
-            self.model.forward(&steps, &mut self.kv, msg.want_hidden)
+            self.model
+                .forward_into(&steps, &mut self.kv, msg.want_hidden, logits)
         }));
+        // Only verify rows (`All`) are read after sampling; without them the logits stay here.
+        let keep_logits = msg.steps.iter().all(|s| s.outputs != OutputRows::All);
         match result {
-            Ok(Ok(out)) => Ok(out),
+            Ok(Ok(mut out)) => {
+                let started = Instant::now();
+                out.sampled = msg
+                    .sample
+                    .into_par_iter()
+                    .map(|job| job.run(&out))
+                    .collect();
+                out.sampling_time = started.elapsed();
+                if keep_logits {
+                    self.spare_logits = std::mem::take(&mut out.logits);
+                }
+                Ok(out)
+            }
             Ok(Err(e)) => match e.downcast::<crate::error::KvError>() {
                 Ok(kv) => Err(EngineError::Kv(kv)),
                 Err(e) => Err(EngineError::Internal(format!("{e:#}"))),

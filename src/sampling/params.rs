@@ -168,6 +168,13 @@ impl SamplingParams {
         }
     }
 
+    /// True when sampling reads the tokens seen so far (a penalty is on).
+    pub fn reads_history(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+
     /// True when some logit may change before selection (bias or a penalty is on).
     pub(crate) fn modifies_logits(&self) -> bool {
         !self.logit_bias.is_empty()

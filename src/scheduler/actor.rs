@@ -11,9 +11,11 @@ use super::sequence::{SeqId, Sequence};
 use crate::error::{EngineError, KvError};
 use crate::kv::pool_actor::{GetPoolStats, PagePoolActor, Release};
 use crate::kv::PageId;
-use crate::runner::batch::{ForwardOutput, OutputRows};
-use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep};
-use crate::sampling::{Distribution, SampleOutput, Sampler, TokenHistory};
+use crate::runner::batch::{ForwardOutput, OutputRows, Sampled};
+use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep, SampleJob};
+use crate::sampling::{
+    Distribution, SampleOutput, Sampler, SamplingError, SamplingParams, TokenHistory,
+};
 use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
 use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor, Truncate};
 use crate::spec::cost::DraftModelCosts;
@@ -100,6 +102,9 @@ pub struct SchedulerStats {
     pub overhead_us_total: u64,
     pub overhead_us_max: u64,
     pub forward_steps: u64,
+    /// Time the model worker spent sampling decode rows after the forward (in parallel over
+    /// rows), summed over steps; part of the forward's time above, not of the overhead.
+    pub sampling_us_total: u64,
     /// Drafted and accepted tokens by drafter and depth position.
     pub spec: SpecCounters,
     /// Times the cost guard paused the draft model for being slower than plain decoding.
@@ -249,6 +254,13 @@ impl SchedulerActor {
                 (*g, a.seq.num_computed, tokens, grow)
             })
             .collect();
+        // Rows the worker samples: their samplers go with the step and come back in `apply`.
+        let mut jobs: HashMap<SeqId, SampleJob> = plan
+            .grants
+            .iter()
+            .filter(|g| g.wants_logits && g.num_drafts == 0)
+            .map(|g| (g.seq_id, self.take_sample_job(g.seq_id)))
+            .collect();
         let worker = self.worker.clone();
         let pool = self.pool.clone();
         let want_hidden = self.wants_hidden(plan.grants.iter().map(|g| g.seq_id));
@@ -271,6 +283,13 @@ impl SchedulerActor {
                 }
             }
             let copy_sources: Vec<PageId> = copies.iter().map(|c| c.src).collect();
+            let mut sample = Vec::new();
+            for (step, g) in granted.iter().enumerate() {
+                if let Some(mut job) = jobs.remove(&g.grant.seq_id) {
+                    job.step = step;
+                    sample.push(job);
+                }
+            }
             let steps: Vec<OwnedSeqStep> = granted
                 .iter()
                 .map(|g| OwnedSeqStep {
@@ -285,7 +304,15 @@ impl SchedulerActor {
                 })
                 .collect();
             let mut forward_time = Duration::ZERO;
+            // Refused grants' samplers stay here; with no forward, every one does.
+            let mut unsent: Vec<(SeqId, Sampler)> =
+                jobs.into_iter().map(|(id, j)| (id, j.sampler)).collect();
             let forward = if steps.is_empty() {
+                unsent.extend(
+                    sample
+                        .into_iter()
+                        .map(|j| (granted[j.step].grant.seq_id, j.sampler)),
+                );
                 None
             } else {
                 let started = Instant::now();
@@ -293,6 +320,7 @@ impl SchedulerActor {
                     steps,
                     want_hidden,
                     copies,
+                    sample,
                 });
                 let out = out.await.map_err(EngineError::from).and_then(|r| r);
                 forward_time = started.elapsed();
@@ -309,6 +337,7 @@ impl SchedulerActor {
                 refused,
                 forward,
                 forward_time,
+                unsent,
             }
         }
         .into_actor(self)
@@ -317,6 +346,11 @@ impl SchedulerActor {
     /// The synchronous half of a step: commit computed positions, sample, stream, finish.
     fn apply(&mut self, outcome: StepOutcome) {
         self.stats.num_steps += 1;
+        for (id, sampler) in outcome.unsent {
+            if let Some(a) = self.active.get_mut(&id) {
+                a.sub.sampler = sampler;
+            }
+        }
         for (id, e) in outcome.refused {
             match e {
                 // The pool changed between planning and growing: try again next step.
@@ -324,7 +358,7 @@ impl SchedulerActor {
                 other => self.finish(id, Err(other)),
             }
         }
-        let out = match outcome.forward {
+        let mut out = match outcome.forward {
             None => return,
             Some(Ok(out)) => out,
             Some(Err(e)) => {
@@ -334,6 +368,13 @@ impl SchedulerActor {
                 return;
             }
         };
+        self.stats.sampling_us_total += out.sampling_time.as_micros() as u64;
+        let mut sampled: Vec<Option<Sampled>> = Vec::new();
+        sampled.resize_with(outcome.granted.len(), || None);
+        for s in std::mem::take(&mut out.sampled) {
+            let step = s.step;
+            sampled[step] = Some(s);
+        }
         for (batch_index, granted) in outcome.granted.into_iter().enumerate() {
             let Granted {
                 grant: g,
@@ -362,12 +403,8 @@ impl SchedulerActor {
             let mut num_valid = tokens.len();
             if g.num_drafts > 0 {
                 num_valid = self.verify_and_commit(id, &out, batch_index, tokens.len());
-            } else if g.wants_logits {
-                let row = out
-                    .rows_of(batch_index)
-                    .last()
-                    .expect("logits were asked for");
-                self.sample_and_emit(id, &out, row);
+            } else if let Some(s) = sampled[batch_index].take() {
+                self.commit_sampled(id, s);
             }
             self.collect_hidden(id, &out, batch_index, start, num_valid);
         }
@@ -450,18 +487,37 @@ impl SchedulerActor {
         emitted.len()
     }
 
-    fn sample_and_emit(&mut self, id: SeqId, out: &ForwardOutput, row: usize) {
+    /// Takes a sequence's sampler (and, when it reads them, its tokens) for the worker to
+    /// sample its next token with; a stand-in holds its place until [`Self::commit_sampled`].
+    fn take_sample_job(&mut self, id: SeqId) -> SampleJob {
+        let a = self
+            .active
+            .get_mut(&id)
+            .expect("a granted sequence is active");
+        let stand_in = Sampler::new(SamplingParams::greedy()).expect("greedy params are valid");
+        let sampler = std::mem::replace(&mut a.sub.sampler, stand_in);
+        let tokens = if sampler.params().reads_history() {
+            a.seq.tokens.clone()
+        } else {
+            Vec::new()
+        };
+        SampleJob {
+            step: 0,
+            sampler,
+            tokens,
+            num_prompt: a.seq.num_prompt,
+        }
+    }
+
+    /// Puts back the sampler the worker used and commits the token it drew.
+    fn commit_sampled(&mut self, id: SeqId, s: Sampled) {
         let a = self.active.get_mut(&id).unwrap();
-        let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
-        let sampled = a
-            .sub
-            .sampler
-            .sample(out.logits_row(row), &TokenHistory::new(prompt, generated));
-        match sampled {
-            Ok(s) => {
-                self.emit(id, s, 0);
+        a.sub.sampler = s.sampler;
+        match s.result {
+            Ok(out) => {
+                self.emit(id, out, 0);
             }
-            Err(e) => self.finish(id, Err(EngineError::InvalidRequest(e.to_string()))),
+            Err(e) => self.finish(id, Err(sampling_error(e))),
         }
     }
 
@@ -495,6 +551,10 @@ impl SchedulerActor {
     }
 }
 
+fn sampling_error(e: SamplingError) -> EngineError {
+    EngineError::InvalidRequest(e.to_string())
+}
+
 /// A grant whose session found the pages: what the forward computes for it.
 struct Granted {
     grant: Grant,
@@ -509,6 +569,8 @@ struct StepOutcome {
     refused: Vec<(SeqId, EngineError)>,
     forward: Option<Result<ForwardOutput, EngineError>>,
     forward_time: Duration,
+    /// Samplers taken for rows that were not computed, to put back.
+    unsent: Vec<(SeqId, Sampler)>,
 }
 
 impl Actor for SchedulerActor {
