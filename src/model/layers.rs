@@ -93,7 +93,7 @@ pub struct Linear {
 }
 
 thread_local! {
-    /// Activation buffers of the thread running the forward pass (the model worker).
+    /// Activation buffers of the thread running the forward pass (a thread of rayon's pool).
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
 
@@ -118,7 +118,12 @@ impl Linear {
     pub fn forward_into(&self, x: &[f32], y: &mut Vec<f32>) -> Result<()> {
         let num_rows = x.len() / self.in_dim;
         y.resize(num_rows * self.out_dim, 0.0);
-        SCRATCH.with(|s| self.weight.matmul(x, y, &mut s.borrow_mut()));
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut scratch) => self.weight.matmul(x, y, &mut scratch),
+            // This thread is inside another matmul and, waiting for its parallel part, took
+            // over a task of another forward (forwards run on rayon's pool): fresh buffers.
+            Err(_) => self.weight.matmul(x, y, &mut Scratch::new()),
+        });
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(self.out_dim) {
                 add_in_place(row, bias);

@@ -219,6 +219,16 @@ impl Transformer {
         want_hidden: bool,
         logits: Vec<f32>,
     ) -> Result<ForwardOutput> {
+        on_pool(|| self.forward_on_pool(batch, kv, want_hidden, logits))
+    }
+
+    fn forward_on_pool(
+        &self,
+        batch: &[SeqStep],
+        kv: &mut KvStorage,
+        want_hidden: bool,
+        logits: Vec<f32>,
+    ) -> Result<ForwardOutput> {
         let layout = self.layout(batch, kv.shape().page_size)?;
         let tokens: Vec<u32> = batch
             .iter()
@@ -423,5 +433,17 @@ impl Transformer {
             hidden_size: hs,
             ..ForwardOutput::default()
         })
+    }
+}
+
+/// Runs `f` on a thread of rayon's pool (at once when already on one). A forward makes ~200
+/// parallel calls per token (matmuls, attention); from outside the pool each call wakes a pool
+/// thread and puts the caller to sleep until it is done, which cost about a quarter of a 1.5B
+/// decode step. On a pool thread the calls run partly inline while the other threads steal.
+fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
     }
 }
