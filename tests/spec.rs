@@ -600,9 +600,19 @@ async fn a_seed_gives_plain_samplings_output_whatever_the_drafters_do() {
             "ngram",
             start_engine(&TestModelSpec::default(), cfg(ngram(None))),
         ),
+        // Adaptive depth with the cost guard on (its timing decides how much is drafted).
+        (
+            "draft, guarded",
+            start_engine_with_draft(&TestModelSpec::default(), &close_draft(), cfg(draft(None))),
+        ),
+        // A fixed depth (no guard) and a draft model that is often wrong: rejections for sure.
         (
             "draft",
-            start_engine_with_draft(&TestModelSpec::default(), &close_draft(), cfg(draft(None))),
+            start_engine_with_draft(
+                &TestModelSpec::default(),
+                &noisy_draft(0.15),
+                cfg(draft(Some(3))),
+            ),
         ),
         ("mtp", start_engine(&mirror, cfg(mtp(Some(3))))),
     ];
@@ -627,10 +637,10 @@ async fn a_seed_gives_plain_samplings_output_whatever_the_drafters_do() {
             accepted += got.usage.accepted_draft_tokens;
         }
         println!("{name}: drafted {drafted}, accepted {accepted}");
-        assert!(
-            accepted > 0 && accepted < drafted,
-            "{name}: drafts are both accepted and rejected"
-        );
+        assert!(accepted > 0, "{name}: drafts are accepted");
+        if !name.ends_with("guarded") {
+            assert!(accepted < drafted, "{name}: drafts are rejected");
+        }
         assert_pages_balance(&t.engine).await;
     }
 }

@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{ActQ8, ActQ8K};
+use super::avx512::PREFETCH_DISTANCE;
 use super::dispatch::Dispatch;
 use super::layout::{Format, GROUP};
 use super::MAX_KERNEL_ROWS;
@@ -52,6 +53,16 @@ safe_kernel!(f32, f32_impl, Format::F32, f32);
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+}
+
+/// Prefetches the block `PREFETCH_DISTANCE` bytes after the one at `p` (`len` bytes): the
+/// hardware prefetchers alone leave a one-row matmul well short of the read bandwidth (see
+/// `avx512::PREFETCH_DISTANCE`). Past the matrix's end the hints touch nothing.
+#[inline(always)]
+unsafe fn prefetch_block(p: *const u8, len: usize) {
+    for offset in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + offset).cast());
+    }
 }
 
 #[inline]
@@ -121,6 +132,7 @@ unsafe fn q8_0_impl(w: &[u8], acts: &[ActQ8], out: &mut [f32], rows: usize, nb: 
     let mut acc = [_mm256_setzero_ps(); MAX_KERNEL_ROWS];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q8_0.group_block_bytes());
+        prefetch_block(p, Format::Q8_0.group_block_bytes());
         let dw = f16x8(p.add(16 * h));
         for (r, acc) in acc.iter_mut().enumerate().take(rows) {
             let a = acts.get_unchecked(r * nb + b);
@@ -141,6 +153,7 @@ unsafe fn q4_1_impl(w: &[u8], acts: &[ActQ8], out: &mut [f32], rows: usize, nb: 
     let m4 = _mm256_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4_1.group_block_bytes());
+        prefetch_block(p, Format::Q4_1.group_block_bytes());
         let (dw, mw) = (f16x8(p.add(16 * h)), f16x8(p.add(32 + 16 * h)));
         let mut q = [_mm256_setzero_si256(); 8];
         for t in 0..4 {
@@ -171,6 +184,7 @@ unsafe fn q4k_impl(w: &[u8], acts: &[ActQ8K], out: &mut [f32], rows: usize, nb: 
     let m4 = _mm256_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4K.group_block_bytes());
+        prefetch_block(p, Format::Q4K.group_block_bytes());
         let mut sacc = [_mm256_setzero_si256(); MAX_KERNEL_ROWS];
         for pair in 0..4 {
             let sc_lo = u8x8(p.add(64 + 32 * pair + 8 * h));
@@ -230,6 +244,7 @@ unsafe fn q6k_impl(w: &[u8], acts: &[ActQ8K], out: &mut [f32], rows: usize, nb: 
     let m4 = _mm256_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q6K.group_block_bytes());
+        prefetch_block(p, Format::Q6K.group_block_bytes());
         let mut sacc = [_mm256_setzero_si256(); MAX_KERNEL_ROWS];
         for n in 0..2 {
             for i in 0..4 {

@@ -72,6 +72,27 @@ unsafe fn load(p: *const u8) -> __m512i {
     _mm512_loadu_si512(p.cast())
 }
 
+/// How far ahead of the bytes being read the weight stream is prefetched. The hardware
+/// prefetchers alone left one-row matmuls at ~70% of the read bandwidth; 4 KB ahead reached
+/// ~87% (Zen 5, `cargo bench --bench kernels`).
+pub(super) const PREFETCH_DISTANCE: usize = 4096;
+
+/// Asks for the cache line `PREFETCH_DISTANCE` bytes after `p` (past the matrix's end it is a
+/// hint that touches nothing: prefetches do not fault).
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE).cast());
+}
+
+/// [`prefetch_ahead`] for the first `len` bytes at `p` (a block's scales, which the quant loop
+/// does not read).
+#[inline(always)]
+unsafe fn prefetch_header(p: *const u8, len: usize) {
+    for offset in (0..len).step_by(64) {
+        prefetch_ahead(p.add(offset));
+    }
+}
+
 /// The 4 bytes at `p` in every i32 lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -124,6 +145,8 @@ unsafe fn q8_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             *even = _mm512_set1_epi32(-128 * (*a).sum);
         }
         for t in (0..8).step_by(2) {
+            prefetch_ahead(p.add(32 + 64 * t));
+            prefetch_ahead(p.add(96 + 64 * t));
             let q0 = _mm512_xor_si512(load(p.add(32 + 64 * t)), flip);
             let q1 = _mm512_xor_si512(load(p.add(96 + 64 * t)), flip);
             for i in 0..R {
@@ -147,10 +170,12 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4_1.group_block_bytes());
+        prefetch_ahead(p.add(256));
         let a: [*const ActQ8; R] = rows_at(acts, b, nb);
         let mut lo_sum = [_mm512_setzero_si512(); R];
         let mut hi_sum = [_mm512_setzero_si512(); R];
         for t in 0..4 {
+            prefetch_ahead(p.add(64 * t));
             let v = load(p.add(64 + 64 * t));
             let lo = _mm512_and_si512(v, m4);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
@@ -181,12 +206,14 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4K.group_block_bytes());
+        prefetch_header(p, 320);
         let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [_mm512_setzero_si512(); R];
         for pair in 0..4 {
             let mut lo_sum = [_mm512_setzero_si512(); R];
             let mut hi_sum = [_mm512_setzero_si512(); R];
             for t in 0..8 {
+                prefetch_ahead(p.add(320 + 512 * pair + 64 * t));
                 let v = load(p.add(320 + 512 * pair + 64 * t));
                 let lo = _mm512_and_si512(v, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
@@ -236,6 +263,12 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn q6_weights<const J: usize>(p: *const u8, n: usize, t: usize) -> __m512i {
+    if J < 2 {
+        prefetch_ahead(p.add(288 + 1024 * n + 512 * J + 64 * t));
+    }
+    if J == 0 {
+        prefetch_ahead(p.add(2336 + 512 * n + 64 * t));
+    }
     let l = load(p.add(288 + 1024 * n + 512 * (J % 2) + 64 * t));
     let l = if J >= 2 { _mm512_srli_epi16::<4>(l) } else { l };
     let h = load(p.add(2336 + 512 * n + 64 * t));
@@ -291,6 +324,7 @@ unsafe fn q6k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q6K.group_block_bytes());
+        prefetch_header(p, 288);
         let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [_mm512_setzero_si512(); R];
         for n in 0..2 {
