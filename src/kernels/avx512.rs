@@ -29,14 +29,22 @@ fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize)
 }
 
 /// Activation rows one kernel call keeps in registers (its accumulators and `vpdpbusd`
-/// chains); a group's weights are re-read from L1/L2 for each further chunk of rows.
-const ROWS: usize = 4;
+/// chains: 4 per row, so 5 rows use 20 of the 32 zmm registers); a group's weights are re-read
+/// from L1/L2 and unpacked again for each further chunk of rows.
+const ROWS: usize = 5;
+
+/// Rows per chunk when `num_rows` are split into as few chunks of at most [`ROWS`] as possible,
+/// evenly (9 rows: 5 + 4, not 5 + 4 or 4 + 4 + 1 with a chunk that re-reads for one row).
+fn chunk_rows(num_rows: usize) -> usize {
+    num_rows.div_ceil(num_rows.div_ceil(ROWS))
+}
 
 macro_rules! safe_kernel {
     ($name:ident, $imp:ident, $format:expr, $act:ty) => {
         pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
-            let (_, nb) = check($format, w, acts, out);
-            for (a, o) in acts.chunks(ROWS * nb).zip(out.chunks_mut(ROWS * GROUP)) {
+            let (num_rows, nb) = check($format, w, acts, out);
+            let rows = chunk_rows(num_rows);
+            for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
                 // SAFETY: `check` proved the CPU features `$imp` enables and that `w` holds
                 // `nb` blocks; `a` and `o` hold the same number (1..=ROWS) of rows.
                 unsafe {
@@ -44,7 +52,8 @@ macro_rules! safe_kernel {
                         1 => $imp::<1>(w, a, o, nb),
                         2 => $imp::<2>(w, a, o, nb),
                         3 => $imp::<3>(w, a, o, nb),
-                        _ => $imp::<4>(w, a, o, nb),
+                        4 => $imp::<4>(w, a, o, nb),
+                        _ => $imp::<5>(w, a, o, nb),
                     }
                 }
             }
