@@ -853,3 +853,34 @@ async fn drafters_kv_comes_out_of_the_kv_budget() {
         assert_pages_balance(&engine).await;
     }
 }
+
+/// A stop string ends a stream on the engine's side, before the scheduler finishes the
+/// sequence; the usage it reports still counts the drafts verified up to there.
+#[actix_rt::test]
+async fn a_stop_string_keeps_the_draft_counts_in_usage() {
+    let t = start_engine(&TestModelSpec::default(), cfg(ngram(None)));
+    let prompt = token_ids(1, 5).repeat(8);
+    let full = run(&t.engine, greedy_tokens(prompt.clone(), 60)).await;
+    assert!(full.usage.accepted_draft_tokens > 0, "{:?}", full.usage);
+    // The shortest piece of text from three quarters in that first occurs there.
+    let text = &full.text;
+    let start = (text.len() * 3 / 4..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap();
+    let stop = (start + 1..=text.len())
+        .filter(|&end| text.is_char_boundary(end))
+        .map(|end| &text[start..end])
+        .find(|s| text.find(s) == Some(start))
+        .expect("a piece of text that first occurs three quarters in");
+    let mut req = greedy_tokens(prompt, 60);
+    req.stop = vec![stop.to_string()];
+    let stopped = run(&t.engine, req).await;
+    assert_eq!(stopped.finish, Some(FinishReason::Stop));
+    assert_eq!(stopped.text, text[..start]);
+    let u = stopped.usage;
+    println!("stopped: {u:?}");
+    assert!(u.draft_tokens > 0 && u.accepted_draft_tokens > 0, "{u:?}");
+    assert!(u.accepted_draft_tokens <= u.draft_tokens);
+    let by_depth: u32 = u.draft_by_depth.iter().map(|d| d[1]).sum();
+    assert_eq!(by_depth as usize, u.accepted_draft_tokens);
+}

@@ -32,6 +32,7 @@ impl StreamTask {
                     logprob,
                     top_logprobs,
                     draft_depth,
+                    drafts,
                 } => {
                     num_generated += 1;
                     first_token_at.get_or_insert_with(Instant::now);
@@ -57,7 +58,9 @@ impl StreamTask {
                             cached_tokens: self.cached_tokens,
                             prompt_ms: first.duration_since(started).as_secs_f64() * 1e3,
                             decode_ms: first.elapsed().as_secs_f64() * 1e3,
-                            ..Usage::default()
+                            draft_tokens: drafts.draft_tokens,
+                            accepted_draft_tokens: drafts.accepted_draft_tokens,
+                            draft_by_depth: drafts.draft_by_depth,
                         };
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,

@@ -533,6 +533,7 @@ impl SchedulerActor {
             logprob: s.logprob,
             top_logprobs: s.top_logprobs,
             draft_depth,
+            drafts: a.sub.spec.tally(),
         });
         let reason = if self.stop_token_ids.contains(&s.token) {
             Some(FinishReason::Stop)

@@ -35,6 +35,14 @@ pub struct Usage {
 /// `[verified, accepted]` per draft position, depth 1 first.
 pub type DepthCounts = [[u32; 2]; crate::spec::MAX_DEPTH];
 
+/// A sequence's speculative decoding so far (the fields of [`Usage`] of the same names).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DraftTally {
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
+    pub draft_by_depth: DepthCounts,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum SeqEvent {
     Token {
@@ -45,6 +53,9 @@ pub enum SeqEvent {
         /// first draft), 0 when the model sampled it (plain decoding, or a round's bonus or
         /// correction token).
         draft_depth: u8,
+        /// The sequence's drafts up to and including this token's round, so that a stream
+        /// ending itself (a stop string) can still report them.
+        drafts: DraftTally,
     },
     Finished {
         reason: FinishReason,

@@ -54,6 +54,15 @@ impl SeqSpec {
         }
     }
 
+    /// The drafts verified and accepted so far, for the stream.
+    pub fn tally(&self) -> crate::scheduler::DraftTally {
+        crate::scheduler::DraftTally {
+            draft_tokens: self.num_drafted,
+            accepted_draft_tokens: self.num_accepted,
+            draft_by_depth: self.by_depth,
+        }
+    }
+
     pub fn may_use(&self, source: DraftSource) -> bool {
         self.allowed.contains(source)
     }
