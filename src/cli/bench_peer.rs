@@ -5,8 +5,10 @@
 //! Decode speed comes from the server's llama.cpp-style `timings` object when it sends one
 //! (`"timing": "server"`): `(predicted_n - 1) / predicted_ms`, the definition mtpx uses for its
 //! own rows (the first token is sampled from the prompt's logits, so `predicted_ms` spans
-//! `predicted_n - 1` decode steps). A server without `timings` is timed by the wall clock around
-//! the whole request, prompt processing included (`"timing": "wall"`): a lower bound.
+//! `predicted_n - 1` decode steps; llama-server 0c1e57098's own `predicted_per_second`, kept as
+//! `server_tok_s`, divides the same way). A server without `timings` is timed by the wall clock
+//! around the whole request, prompt processing included (`"timing": "wall"`): a lower bound.
+//! llama-server sends `draft_n` / `draft_n_accepted` only when it drafted.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
@@ -61,6 +63,9 @@ pub struct PeerReply {
     /// The server's own `predicted_per_second`, when it sends one.
     pub server_tok_s: Option<f64>,
     pub prompt_ms: Option<f64>,
+    /// Prompt tokens the server reused from its cache (`timings.cache_n`) and so did not
+    /// count in `prompt_ms`.
+    pub cached_prompt_tokens: Option<u64>,
     pub drafted: Option<u64>,
     pub accepted: Option<u64>,
     pub wall_s: f64,
@@ -101,6 +106,7 @@ pub fn parse_reply(body: &Value, wall_s: f64) -> Result<PeerReply> {
         timing,
         server_tok_s: t["predicted_per_second"].as_f64(),
         prompt_ms: t["prompt_ms"].as_f64(),
+        cached_prompt_tokens: u64_of(&t["cache_n"]),
         drafted: u64_of(&t["draft_n"]),
         accepted: u64_of(&t["draft_n_accepted"]),
         wall_s,
@@ -167,6 +173,7 @@ pub fn row(
         "speedup": ratio(mtpx_plain.map(|(tps, _)| tps)),
         "speedup_vs_first_peer": ratio(first_peer_tps),
         "prompt_ms": reply.prompt_ms,
+        "cached_prompt_tokens": reply.cached_prompt_tokens,
         "wall_s": reply.wall_s,
         "drafted": reply.drafted,
         "accepted": reply.accepted,
@@ -207,13 +214,14 @@ mod tests {
             "choices": [{"message": {"role": "assistant", "content": "hi"}}],
             "usage": {"completion_tokens": 11, "prompt_tokens": 30},
             "timings": {"predicted_n": 11, "predicted_ms": 500.0, "predicted_per_second": 22.0,
-                        "prompt_ms": 80.0, "draft_n": 12, "draft_n_accepted": 9},
+                        "prompt_ms": 80.0, "cache_n": 5, "draft_n": 12, "draft_n_accepted": 9},
         });
         let r = parse_reply(&body, 2.0).unwrap();
         assert_eq!(r.timing, "server");
         assert!((r.decode_tok_s - 20.0).abs() < 1e-9);
         assert_eq!((r.drafted, r.accepted), (Some(12), Some(9)));
         assert_eq!(r.server_tok_s, Some(22.0));
+        assert_eq!(r.cached_prompt_tokens, Some(5));
 
         let body = json!({
             "choices": [{"message": {"content": "hi"}}],

@@ -37,7 +37,8 @@ pub struct BenchSpecArgs {
     /// Its rows give decode tok/s from the reply's llama.cpp `timings` (else the wall clock),
     /// the speed-up over mtpx's plain row and over the first peer's row, drafted/accepted
     /// tokens, and whether its text equals mtpx's plain output. A peer that fails is reported
-    /// and skipped; the command then exits non-zero after printing every row.
+    /// and skipped; the command then exits non-zero after printing every row. Peers that learn
+    /// across requests (llama-server's `--spec-type ngram-mod` pool) need a restart per run.
     #[arg(long, value_name = "[NAME=]URL")]
     pub peer: Vec<Peer>,
     #[arg(long)]
