@@ -2,8 +2,11 @@
 //! run: an edit task (a 60-line Python file returned with a function renamed: long spans repeat
 //! the prompt) and a free-form task. Greedy; reports decode tok/s, speed-up, mean committed
 //! tokens per verify round and acceptance by depth position. With `--draft-model`, each task
-//! also runs with the draft model alone (when the server mode runs more than it).
+//! also runs with the draft model alone (when the server mode runs more than it). With `--peer`,
+//! the same requests also go to other OpenAI-compatible servers (llama.cpp's `llama-server`),
+//! after mtpx's rows of each task (see `bench_peer`).
 
+use super::bench_peer::{self, Peer};
 use super::ModelArgs;
 use crate::engine::{Engine, EngineConfig, EngineEvent, GenerateRequest, Prompt};
 use crate::model::ModelBundle;
@@ -28,6 +31,16 @@ pub struct BenchSpecArgs {
     /// Also ask with the file as an OpenAI Predicted Output on the edit task.
     #[arg(long)]
     pub with_prediction: bool,
+    /// Also send each task's request (greedy, non-streaming, same messages and max_tokens) to
+    /// the OpenAI-compatible server at URL (`POST URL/v1/chat/completions`), e.g. llama.cpp's
+    /// llama-server; repeatable, optionally named (`--peer llama-draft=http://127.0.0.1:8082`).
+    /// Its rows give decode tok/s from the reply's llama.cpp `timings` (else the wall clock),
+    /// the speed-up over mtpx's plain row and over the first peer's row, drafted/accepted
+    /// tokens, and whether its text equals mtpx's plain output. A peer that fails is reported
+    /// and skipped; the command then exits non-zero after printing every row. Peers that learn
+    /// across requests (llama-server's `--spec-type ngram-mod` pool) need a restart per run.
+    #[arg(long, value_name = "[NAME=]URL")]
+    pub peer: Vec<Peer>,
     #[arg(long)]
     pub json: bool,
 }
@@ -138,16 +151,24 @@ fn tasks(with_prediction: bool) -> Vec<Task> {
     out
 }
 
-/// Runs a request to its end; returns (usage, token ids, wall seconds).
-async fn run(engine: &Engine, req: GenerateRequest) -> Result<(Usage, Vec<u32>, f64)> {
+/// Runs a request to its end; returns (usage, token ids, text, wall seconds).
+async fn run(engine: &Engine, req: GenerateRequest) -> Result<(Usage, Vec<u32>, String, f64)> {
     let start = Instant::now();
     let mut stream = engine.submit(req).await?;
     let mut ids = Vec::new();
+    let mut text = String::new();
     while let Some(event) = stream.recv().await {
         match event {
-            EngineEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            EngineEvent::Delta {
+                token_ids,
+                text: delta,
+                ..
+            } => {
+                ids.extend(token_ids);
+                text.push_str(&delta);
+            }
             EngineEvent::Finished { usage, .. } => {
-                return Ok((usage, ids, start.elapsed().as_secs_f64()))
+                return Ok((usage, ids, text, start.elapsed().as_secs_f64()))
             }
             EngineEvent::Error(e) => return Err(anyhow!("{e}")),
             _ => {}
@@ -215,8 +236,11 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
             choices.push(SpecChoice::Only(DraftSource::DraftModel));
         }
         let mut rows = Vec::new();
+        let client = bench_peer::client();
+        let mut peer_failures = 0;
         for task in tasks(args.with_prediction) {
             let mut plain_tps = None;
+            let mut plain_text = None;
             for &choice in &choices {
                 let speculative = choice != SpecChoice::Off;
                 if task.prediction.is_some() && choice != SpecChoice::On {
@@ -233,7 +257,10 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                     req.prediction = Some(engine.tokenize(&Prompt::Text(p.clone())).await?);
                 }
                 let before = engine.scheduler_stats().await.spec;
-                let (usage, ids, wall) = run(&engine, req).await?;
+                let (usage, ids, text, wall) = run(&engine, req).await?;
+                if choice == SpecChoice::Off {
+                    plain_text = Some(text);
+                }
                 let after = engine.scheduler_stats().await.spec;
                 let tps = usage.completion_tokens.saturating_sub(1) as f64 * 1e3 / usage.decode_ms.max(1e-9);
                 let base = *plain_tps.get_or_insert(tps);
@@ -262,15 +289,41 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                 }
                 rows.push(row);
             }
+            // Predicted Outputs are an OpenAI extension llama-server does not take.
+            if task.prediction.is_some() {
+                continue;
+            }
+            let mut first_peer_tps = None;
+            for (i, peer) in args.peer.iter().enumerate() {
+                let row = match bench_peer::ask(&client, peer, &task.messages, args.tokens).await {
+                    Ok(reply) => {
+                        if i == 0 {
+                            first_peer_tps = Some(reply.decode_tok_s);
+                        }
+                        let mtpx_plain = plain_tps.zip(plain_text.as_deref());
+                        bench_peer::row(task.name, peer, &reply, mtpx_plain, first_peer_tps)
+                    }
+                    Err(e) => {
+                        eprintln!("peer {} ({}) on task {}: {e:#}", peer.name, peer.url, task.name);
+                        peer_failures += 1;
+                        bench_peer::error_row(task.name, peer, &e)
+                    }
+                };
+                if !args.json {
+                    println!("{row}");
+                }
+                rows.push(row);
+            }
         }
-        anyhow::Ok(json!({
+        anyhow::Ok((peer_failures, json!({
             "model": path.display().to_string(),
             "row_cost": engine.info().spec_row_cost,
             "draft_model": engine.info().draft_model_path,
             "draft_cost": engine.info().draft_cost,
             "runs": rows,
-        }))
+        })))
     })?;
+    let (peer_failures, report) = report;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -278,6 +331,11 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
             "row_cost {:?}, draft_cost {:?}",
             report["row_cost"], report["draft_cost"]
         );
+    }
+    if peer_failures > 0 {
+        return Err(anyhow!(
+            "{peer_failures} peer request(s) failed (see the rows with \"error\")"
+        ));
     }
     Ok(())
 }

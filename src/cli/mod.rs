@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_engine;
+mod bench_peer;
 mod bench_spec;
 pub mod bench_ws;
 mod chat;
