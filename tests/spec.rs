@@ -884,3 +884,25 @@ async fn a_stop_string_keeps_the_draft_counts_in_usage() {
     let by_depth: u32 = u.draft_by_depth.iter().map(|d| d[1]).sum();
     assert_eq!(by_depth as usize, u.accepted_draft_tokens);
 }
+
+/// With an adaptive depth the MTP heads' cost is measured at start-up (a module step against a
+/// model step); with a fixed depth nothing is measured and the parameter-count estimate stays.
+#[actix_rt::test]
+async fn the_mtp_cost_is_measured_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_test_model(dir.path(), &with_heads(1)).unwrap();
+    let estimate = ModelBundle::load(&path)
+        .unwrap()
+        .transformer
+        .mtp_relative_cost();
+    let start = |depth| Engine::start(ModelBundle::load(&path).unwrap(), cfg(mtp(depth))).unwrap();
+    let fixed = start(Some(2));
+    assert_eq!(fixed.info().speculative.mtp_cost, estimate);
+    let adaptive = start(None);
+    let measured = adaptive.info().speculative.mtp_cost;
+    println!("MTP cost: estimated {estimate:.3}, measured {measured:.3}");
+    assert!(measured != estimate && measured > 0.005 && measured <= 4.0);
+    // It drafts with the measured cost.
+    let out = run(&adaptive, greedy_tokens(token_ids(2, 5).repeat(6), 24)).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+}

@@ -22,7 +22,7 @@ use crate::scheduler::{
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
-use crate::spec::cost::{measure_row_cost, measure_step, DraftModelCosts};
+use crate::spec::cost::{measure_mtp_step, measure_row_cost, measure_step, DraftModelCosts};
 use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
 use crate::spec::drafter_kv::{ClearIdleDrafts, GetDraftPoolStats};
 use crate::spec::mtp::MtpWorker;
@@ -177,8 +177,19 @@ impl Engine {
                 row_cost = speculative.row_cost,
                 "measured the verify cost per extra row"
             );
+            let target_step = measure_step(t, cfg.page_size, cfg.kv_dtype, 1)?;
+            if uses_mtp {
+                let mtp_step = measure_mtp_step(t, cfg.page_size, cfg.kv_dtype)?;
+                speculative.mtp_cost = (mtp_step.as_secs_f64()
+                    / target_step.as_secs_f64().max(1e-9))
+                .clamp(0.005, 4.0);
+                tracing::info!(
+                    mtp_cost = speculative.mtp_cost,
+                    estimate = t.mtp_relative_cost(),
+                    "measured an MTP module step against a target decode step"
+                );
+            }
             if let (Some(d), true) = (&draft, speculative.drafters().contains(DraftModel)) {
-                let target_step = measure_step(t, cfg.page_size, cfg.kv_dtype, 1)?;
                 let draft_step = measure_step(d, cfg.page_size, cfg.kv_dtype, 1)?;
                 let costs = DraftModelCosts::new(target_step, draft_step);
                 speculative.draft_cost = costs.relative_draft_cost();

@@ -3,8 +3,9 @@
 //! against plain ones (online). The adaptive depth trades these against expected accepted
 //! tokens; [`DraftModelCosts`] switches the draft model off while it makes decoding slower.
 
-use crate::kv::KvDtype;
+use crate::kv::{KvDtype, KvStorage, PageId};
 use crate::model::Transformer;
+use crate::runner::batch::{OutputRows, SeqStep};
 use crate::runner::SingleSequence;
 use anyhow::Result;
 use std::time::{Duration, Instant};
@@ -33,6 +34,33 @@ pub fn measure_step(
     let prompt: Vec<u32> = (0..prefill as u32).collect();
     seq.append(&prompt, prefill, false)?;
     median_step(&mut seq, &vec![1; rows], prefill)
+}
+
+/// The median time of one MTP module step of one row (module 0, after 32 positions): what
+/// each MTP draft costs, to compare with [`measure_step`] of the model.
+pub fn measure_mtp_step(model: &Transformer, page_size: usize, dtype: KvDtype) -> Result<Duration> {
+    let prefill: usize = 32;
+    let num_pages = (prefill + 1).div_ceil(page_size);
+    let mut kv = KvStorage::new(model.mtp_kv_shape(page_size), dtype, num_pages);
+    let page_ids: Vec<PageId> = (0..num_pages as PageId).collect();
+    let hidden = vec![0.01f32; prefill * model.config.hidden_size];
+    let tokens: Vec<u32> = (0..prefill as u32).collect();
+    let step = |tokens, start_position, outputs| SeqStep {
+        tokens,
+        start_position,
+        page_ids: &page_ids,
+        outputs,
+    };
+    model.mtp_forward(0, &[step(&tokens, 0, OutputRows::None)], &hidden, &mut kv)?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let one = step(&[1], prefill, OutputRows::Last);
+        model.mtp_forward(0, &[one], &hidden[..model.config.hidden_size], &mut kv)?;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
 }
 
 fn median_step(seq: &mut SingleSequence, tokens: &[u32], len: usize) -> Result<Duration> {

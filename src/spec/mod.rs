@@ -169,8 +169,9 @@ pub struct SpecConfig {
     /// One draft-model forward relative to a one-row target decode step (measured at start-up,
     /// then kept up to date by the scheduler from the steps it times).
     pub draft_cost: f64,
-    /// One MTP module's forward relative to a one-row target decode step (estimated from the
-    /// parameter counts: decode is memory-bound).
+    /// One MTP module's forward relative to a one-row target decode step: measured at start-up
+    /// with an adaptive depth, else estimated from the parameter counts (decode is
+    /// memory-bound).
     pub mtp_cost: f64,
     /// Whether a draft model is loaded (set by the engine).
     pub has_draft_model: bool,
