@@ -172,12 +172,12 @@ impl Engine {
         let mut draft_costs = None;
         if speculative.is_on() && speculative.depth.is_none() {
             let t = &bundle.transformer;
-            speculative.row_cost = measure_row_cost(t, cfg.page_size, cfg.kv_dtype)?;
+            let target_step = measure_step(t, cfg.page_size, cfg.kv_dtype, 1)?;
+            speculative.row_cost = measure_row_cost(t, cfg.page_size, cfg.kv_dtype, target_step)?;
             tracing::info!(
                 row_cost = speculative.row_cost,
                 "measured the verify cost per extra row"
             );
-            let target_step = measure_step(t, cfg.page_size, cfg.kv_dtype, 1)?;
             if uses_mtp {
                 let mtp_step = measure_mtp_step(t, cfg.page_size, cfg.kv_dtype)?;
                 speculative.mtp_cost = (mtp_step.as_secs_f64()

@@ -58,10 +58,9 @@ impl StreamTask {
                             cached_tokens: self.cached_tokens,
                             prompt_ms: first.duration_since(started).as_secs_f64() * 1e3,
                             decode_ms: first.elapsed().as_secs_f64() * 1e3,
-                            draft_tokens: drafts.draft_tokens,
-                            accepted_draft_tokens: drafts.accepted_draft_tokens,
-                            draft_by_depth: drafts.draft_by_depth,
-                        };
+                            ..Usage::default()
+                        }
+                        .with_drafts(drafts);
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,
                             usage,

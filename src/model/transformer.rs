@@ -219,30 +219,18 @@ impl Transformer {
         want_hidden: bool,
         logits: Vec<f32>,
     ) -> Result<ForwardOutput> {
-        on_pool(|| self.forward_on_pool(batch, kv, want_hidden, logits))
-    }
-
-    fn forward_on_pool(
-        &self,
-        batch: &[SeqStep],
-        kv: &mut KvStorage,
-        want_hidden: bool,
-        logits: Vec<f32>,
-    ) -> Result<ForwardOutput> {
-        let layout = self.layout(batch, kv.shape().page_size)?;
-        let tokens: Vec<u32> = batch
-            .iter()
-            .flat_map(|s| s.tokens.iter().copied())
-            .collect();
-        let mut x = self.embed(&tokens)?;
-        for (layer, block) in self.blocks.iter().enumerate() {
-            self.block_forward(block, layer, &mut x, &layout, kv)?;
-        }
-        let mut out = self.outputs(&x, batch, &self.final_norm, logits)?;
-        if want_hidden {
-            out.hidden = x;
-        }
-        Ok(out)
+        on_pool(|| {
+            let layout = self.layout(batch, kv.shape().page_size)?;
+            let mut x = self.embed(&batch_tokens(batch))?;
+            for (layer, block) in self.blocks.iter().enumerate() {
+                self.block_forward(block, layer, &mut x, &layout, kv)?;
+            }
+            let mut out = self.outputs(&x, batch, &self.final_norm, logits)?;
+            if want_hidden {
+                out.hidden = x;
+            }
+            Ok(out)
+        })
     }
 
     /// Runs MTP module `module` over a ragged batch: each row takes a hidden state
@@ -257,29 +245,28 @@ impl Transformer {
         hidden: &[f32],
         kv: &mut KvStorage,
     ) -> Result<ForwardOutput> {
-        let m = &self.mtp[module];
-        let layout = self.layout(batch, kv.shape().page_size)?;
-        let tokens: Vec<u32> = batch
-            .iter()
-            .flat_map(|s| s.tokens.iter().copied())
-            .collect();
-        let hs = self.config.hidden_size;
-        assert_eq!(hidden.len(), tokens.len() * hs, "one hidden state per row");
-        let mut e = self.embed(&tokens)?;
-        rms_norm_in_place(&mut e, &m.enorm, self.config.rms_eps);
-        let mut h = Vec::new();
-        rms_norm(hidden, &m.hnorm, self.config.rms_eps, &mut h);
-        // [enorm(emb) ‖ hnorm(h)] per row: [num rows, 2 · hidden].
-        let joined: Vec<f32> = e
-            .chunks_exact(hs)
-            .zip(h.chunks_exact(hs))
-            .flat_map(|(e, h)| e.iter().chain(h).copied())
-            .collect();
-        let mut x = m.eh_proj.forward(&joined)?;
-        self.block_forward(&m.block, module, &mut x, &layout, kv)?;
-        let mut out = self.outputs(&x, batch, &m.shared_head_norm, Vec::new())?;
-        out.hidden = x;
-        Ok(out)
+        on_pool(|| {
+            let m = &self.mtp[module];
+            let layout = self.layout(batch, kv.shape().page_size)?;
+            let tokens = batch_tokens(batch);
+            let hs = self.config.hidden_size;
+            assert_eq!(hidden.len(), tokens.len() * hs, "one hidden state per row");
+            let mut e = self.embed(&tokens)?;
+            rms_norm_in_place(&mut e, &m.enorm, self.config.rms_eps);
+            let mut h = Vec::new();
+            rms_norm(hidden, &m.hnorm, self.config.rms_eps, &mut h);
+            // [enorm(emb) ‖ hnorm(h)] per row: [num rows, 2 · hidden].
+            let joined: Vec<f32> = e
+                .chunks_exact(hs)
+                .zip(h.chunks_exact(hs))
+                .flat_map(|(e, h)| e.iter().chain(h).copied())
+                .collect();
+            let mut x = m.eh_proj.forward(&joined)?;
+            self.block_forward(&m.block, module, &mut x, &layout, kv)?;
+            let mut out = self.outputs(&x, batch, &m.shared_head_norm, Vec::new())?;
+            out.hidden = x;
+            Ok(out)
+        })
     }
 
     fn layout<'a>(&self, batch: &'a [SeqStep<'a>], page_size: usize) -> Result<RowLayout<'a>> {
@@ -434,6 +421,14 @@ impl Transformer {
             ..ForwardOutput::default()
         })
     }
+}
+
+/// The batch's tokens, sequence after sequence: its rows in order.
+fn batch_tokens(batch: &[SeqStep]) -> Vec<u32> {
+    batch
+        .iter()
+        .flat_map(|s| s.tokens.iter().copied())
+        .collect()
 }
 
 /// Runs `f` on a thread of rayon's pool (at once when already on one). A forward makes ~200

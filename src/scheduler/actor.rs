@@ -173,10 +173,9 @@ impl SchedulerActor {
                         cached_tokens: a.sub.cached_tokens,
                         prompt_ms: first.duration_since(a.admitted_at).as_secs_f64() * 1e3,
                         decode_ms: now.duration_since(first).as_secs_f64() * 1e3,
-                        draft_tokens: a.sub.spec.num_drafted,
-                        accepted_draft_tokens: a.sub.spec.num_accepted,
-                        draft_by_depth: a.sub.spec.by_depth,
-                    },
+                        ..Usage::default()
+                    }
+                    .with_drafts(a.sub.spec.tally()),
                 }
             }
             Err(e) => SeqEvent::Error(e),
@@ -496,16 +495,25 @@ impl SchedulerActor {
             .expect("a granted sequence is active");
         let stand_in = Sampler::new(SamplingParams::greedy()).expect("greedy params are valid");
         let sampler = std::mem::replace(&mut a.sub.sampler, stand_in);
-        let tokens = if sampler.params().reads_history() {
-            a.seq.tokens.clone()
+        let params = sampler.params();
+        let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
+        // Only the repetition penalty reads the prompt, and only its window's worth of it (a
+        // shorter prompt gives the same window), so a long prompt is not copied every token.
+        let prompt = match (params.repetition_penalty != 1.0, params.repetition_window) {
+            (false, _) => &[][..],
+            (true, 0) => prompt,
+            (true, w) => &prompt[prompt.len().saturating_sub(w as usize)..],
+        };
+        let (tokens, num_prompt) = if params.reads_history() {
+            ([prompt, generated].concat(), prompt.len())
         } else {
-            Vec::new()
+            (Vec::new(), 0)
         };
         SampleJob {
             step: 0,
             sampler,
             tokens,
-            num_prompt: a.seq.num_prompt,
+            num_prompt,
         }
     }
 

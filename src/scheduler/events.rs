@@ -32,6 +32,18 @@ pub struct Usage {
     pub draft_by_depth: DepthCounts,
 }
 
+impl Usage {
+    /// This usage with the draft counts of `t`.
+    pub fn with_drafts(self, t: DraftTally) -> Self {
+        Self {
+            draft_tokens: t.draft_tokens,
+            accepted_draft_tokens: t.accepted_draft_tokens,
+            draft_by_depth: t.draft_by_depth,
+            ..self
+        }
+    }
+}
+
 /// `[verified, accepted]` per draft position, depth 1 first.
 pub type DepthCounts = [[u32; 2]; crate::spec::MAX_DEPTH];
 

@@ -13,10 +13,15 @@ use std::time::{Duration, Instant};
 /// Rows of the verify step timed against a one-row decode step.
 const VERIFY_ROWS: usize = 9;
 
-/// `(t(9 rows) / t(1 row) − 1) / 8`: the cost of an extra row relative to a decode step, from
-/// the median of a few steps after a short prefill. Clamped to `0.005..=2`.
-pub fn measure_row_cost(model: &Transformer, page_size: usize, dtype: KvDtype) -> Result<f64> {
-    let one = measure_step(model, page_size, dtype, 1)?;
+/// `(t(9 rows) / t(1 row) − 1) / 8`: the cost of an extra row relative to a decode step
+/// (`one`: [`measure_step`] of 1 row), from the median of a few steps after a short prefill.
+/// Clamped to `0.005..=2`.
+pub fn measure_row_cost(
+    model: &Transformer,
+    page_size: usize,
+    dtype: KvDtype,
+    one: Duration,
+) -> Result<f64> {
     let many = measure_step(model, page_size, dtype, VERIFY_ROWS)?;
     let ratio = many.as_secs_f64() / one.as_secs_f64().max(1e-9);
     Ok(((ratio - 1.0) / (VERIFY_ROWS - 1) as f64).clamp(0.005, 2.0))
@@ -52,24 +57,28 @@ pub fn measure_mtp_step(model: &Transformer, page_size: usize, dtype: KvDtype) -
         outputs,
     };
     model.mtp_forward(0, &[step(&tokens, 0, OutputRows::None)], &hidden, &mut kv)?;
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
+    median_time(|| {
         let one = step(&[1], prefill, OutputRows::Last);
         model.mtp_forward(0, &[one], &hidden[..model.config.hidden_size], &mut kv)?;
-        times.push(t.elapsed());
-    }
-    times.sort();
-    Ok(times[times.len() / 2])
+        Ok(())
+    })
 }
 
 fn median_step(seq: &mut SingleSequence, tokens: &[u32], len: usize) -> Result<Duration> {
+    median_time(|| {
+        seq.append(tokens, tokens.len(), true)?;
+        seq.truncate(len)?;
+        Ok(())
+    })
+}
+
+/// The median time of 5 runs of `step`.
+fn median_time(mut step: impl FnMut() -> Result<()>) -> Result<Duration> {
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        seq.append(tokens, tokens.len(), true)?;
+        step()?;
         times.push(t.elapsed());
-        seq.truncate(len)?;
     }
     times.sort();
     Ok(times[times.len() / 2])
