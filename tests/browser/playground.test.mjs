@@ -37,7 +37,7 @@ execFileSync(bin, ["make-test-model", "--out", dir, "--layers", "6", "--hidden",
 const port = await freePort();
 const url = `http://127.0.0.1:${port}`;
 const server = spawn(bin, ["serve", "--model", path.join(dir, "test-model.gguf"), "--port", String(port),
-  "--context-window", "4096", "--kv-memory", "256MiB", "--kv-dtype", "f32"], { stdio: "inherit" });
+  "--context-window", "32768", "--kv-memory", "256MiB", "--kv-dtype", "f32"], { stdio: "inherit" });
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -59,7 +59,8 @@ try {
     for (let i = 503; i < 512; i++) ban[i] = -100;
     window.settings = () => ({ ...base(), logit_bias: ban });
   });
-  await page.fill("#max_tokens", "3000");
+  // Long enough that the reply is still running when Stop is pressed, on any machine.
+  await page.fill("#max_tokens", "30000");
   await page.fill("#prompt", "Tell me a long story about pages.");
   const before = await page.textContent("#m_updated");
   await page.press("#prompt", "Enter");
