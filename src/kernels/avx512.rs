@@ -266,63 +266,63 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     store_rows(&acc, out);
 }
 
-/// Step `t` of part `J` of half `n` of a Q6_K group-block: 6-bit weights `q` (0..=63) as u8.
-/// Low nibbles come from `ql` (high nibbles for parts 2 and 3), the top two bits from bits
-/// `2J..2J + 2` of `qh`, moved to bits 4–5.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn q6_weights<const J: usize>(p: *const u8, n: usize, t: usize) -> __m512i {
-    if J < 2 {
-        prefetch_ahead(p.add(288 + 1024 * n + 512 * J + 64 * t));
-    }
-    if J == 0 {
-        prefetch_ahead(p.add(2336 + 512 * n + 64 * t));
-    }
-    let l = load(p.add(288 + 1024 * n + 512 * (J % 2) + 64 * t));
-    let l = if J >= 2 { _mm512_srli_epi16::<4>(l) } else { l };
-    let h = load(p.add(2336 + 512 * n + 64 * t));
-    let h = match J {
-        0 => _mm512_slli_epi16::<4>(h),
-        1 => _mm512_slli_epi16::<2>(h),
-        2 => h,
-        _ => _mm512_srli_epi16::<2>(h),
-    };
-    let l = _mm512_and_si512(l, _mm512_set1_epi8(0x0F));
-    _mm512_or_si512(l, _mm512_and_si512(h, _mm512_set1_epi8(0x30)))
-}
-
-/// Adds part `J` of half `n` (sub-blocks `s = 8n + 2J` and `s + 1`, 16 weights each) to each
-/// row's integer sum `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value.
+/// Adds sub-blocks `s = 8n + 2H + half` and `s + 4` (16 weights each: the `half`-th halves of
+/// parts `H` and `H + 2` of half `n`) to each row's integer sum `Σ sc · Σ (q − 32) · x`; the
+/// `− 32` enters as the starting value. The two parts share their bytes: part `H` takes the
+/// low nibbles of `ql[H]` and bits `2H..2H + 2` of `qh`, part `H + 2` the high nibbles and bits
+/// `2H + 4..2H + 6`, so each 64-byte load of `ql` and `qh` is unpacked into two weight vectors
+/// (a shift, an `and` and a `vpternlogd` merge each) instead of being loaded again per part.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6k_part<const R: usize, const J: usize>(
+unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
     p: *const u8,
     n: usize,
+    half: usize,
     a: &[*const ActQ8K; R],
     sacc: &mut [__m512i; R],
 ) {
-    let s = 8 * n + 2 * J;
-    let mut first = [_mm512_setzero_si512(); R];
-    let mut second = [_mm512_setzero_si512(); R];
+    let s = 8 * n + 2 * H + half;
+    let mut low = [_mm512_setzero_si512(); R];
+    let mut high = [_mm512_setzero_si512(); R];
     for i in 0..R {
-        first[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s]);
-        second[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s + 1]);
+        low[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s]);
+        high[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s + 4]);
     }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let ql = p.add(288 + 1024 * n + 512 * H + 256 * half);
+    let qh = p.add(2336 + 512 * n + 256 * half);
     for t in 0..4 {
-        let q0 = q6_weights::<J>(p, n, t);
-        let q1 = q6_weights::<J>(p, n, t + 4);
+        prefetch_ahead(ql.add(64 * t));
+        if H == 0 {
+            prefetch_ahead(qh.add(64 * t));
+        }
+        let l = load(ql.add(64 * t));
+        let h = load(qh.add(64 * t));
+        let (h_low, h_high) = if H == 0 {
+            (_mm512_slli_epi16::<4>(h), h)
+        } else {
+            (_mm512_slli_epi16::<2>(h), _mm512_srli_epi16::<2>(h))
+        };
+        // `l_bits | (h_bits & 0x30)` in one instruction (truth table A | (B & C)).
+        let q_low = _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(l, m4), h_low, m30);
+        let l_high = _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4);
+        let q_high = _mm512_ternarylogic_epi32::<0xF8>(l_high, h_high, m30);
         for i in 0..R {
-            let x = (*a[i]).qs.as_ptr().add(128 * n + 32 * J + 4 * t);
-            first[i] = _mm512_dpbusd_epi32(first[i], q0, bcast4(x));
-            second[i] = _mm512_dpbusd_epi32(second[i], q1, bcast4(x.add(16)));
+            let x = (*a[i])
+                .qs
+                .as_ptr()
+                .add(128 * n + 32 * H + 16 * half + 4 * t);
+            low[i] = _mm512_dpbusd_epi32(low[i], q_low, bcast4(x));
+            high[i] = _mm512_dpbusd_epi32(high[i], q_high, bcast4(x.add(64)));
         }
     }
-    let sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * s).cast()));
-    let sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(48 + 16 * s).cast()));
+    let sc_low = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * s).cast()));
+    let sc_high = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * (s + 4)).cast()));
     for i in 0..R {
         let scaled = _mm512_add_epi32(
-            _mm512_mullo_epi32(first[i], sc0),
-            _mm512_mullo_epi32(second[i], sc1),
+            _mm512_mullo_epi32(low[i], sc_low),
+            _mm512_mullo_epi32(high[i], sc_high),
         );
         sacc[i] = _mm512_add_epi32(sacc[i], scaled);
     }
@@ -337,10 +337,11 @@ unsafe fn q6k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
         let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [_mm512_setzero_si512(); R];
         for n in 0..2 {
-            q6k_part::<R, 0>(p, n, &a, &mut sacc);
-            q6k_part::<R, 1>(p, n, &a, &mut sacc);
-            q6k_part::<R, 2>(p, n, &a, &mut sacc);
-            q6k_part::<R, 3>(p, n, &a, &mut sacc);
+            // In address order: `ql[0]` with `qh`, then `ql[1]`.
+            q6k_sub_blocks::<R, 0>(p, n, 0, &a, &mut sacc);
+            q6k_sub_blocks::<R, 0>(p, n, 1, &a, &mut sacc);
+            q6k_sub_blocks::<R, 1>(p, n, 0, &a, &mut sacc);
+            q6k_sub_blocks::<R, 1>(p, n, 1, &a, &mut sacc);
         }
         let d = f16x16(p);
         for i in 0..R {
