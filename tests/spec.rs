@@ -219,6 +219,55 @@ async fn greedy_with_a_draft_model_equals_plain_greedy_on_twenty_prompts() {
     }
 }
 
+/// A stateless client resends the whole conversation each turn: the draft model takes over
+/// the ended request's draft K/V instead of computing the conversation again, and drafts (and
+/// outputs) exactly what it drafts from scratch.
+#[actix_rt::test]
+async fn the_next_turn_of_a_stateless_conversation_reuses_the_draft_kv() {
+    let t = start_engine_with_draft(
+        &TestModelSpec::default(),
+        &close_draft(),
+        cfg(draft(Some(3))),
+    );
+    let first: Vec<u32> = (0..300u32).map(|i| (i * 37 + i / 7) % 500).collect();
+    let answer = run(&t.engine, greedy_tokens(first.clone(), 24)).await;
+    assert!(answer.error.is_none(), "{:?}", answer.error);
+    // The next turn: the conversation so far and a new message.
+    let next: Vec<u32> = first
+        .iter()
+        .chain(&answer.token_ids)
+        .copied()
+        .chain((0..12u32).map(|i| 400 + i))
+        .collect();
+    let before = t.engine.scheduler_stats().await.draft_catch_up_rows;
+    let reused = run(&t.engine, greedy_tokens(next.clone(), 24)).await;
+    let reused_rows = t.engine.scheduler_stats().await.draft_catch_up_rows - before;
+    // The same turn after the caches are cleared: every token computed again.
+    t.engine.clear_caches().await;
+    let before = t.engine.scheduler_stats().await.draft_catch_up_rows;
+    let fresh = run(&t.engine, greedy_tokens(next.clone(), 24)).await;
+    let fresh_rows = t.engine.scheduler_stats().await.draft_catch_up_rows - before;
+    println!("draft catch-up rows: {reused_rows} reused, {fresh_rows} fresh");
+    assert!(fresh_rows >= next.len() as u64 - 20, "{fresh_rows}");
+    assert!(
+        reused_rows <= 20,
+        "{reused_rows} rows: the draft K/V was not taken over"
+    );
+    assert_eq!(reused.token_ids, fresh.token_ids);
+    // Taken-over K/V that did not match the tokens would draft worse than computed K/V (the
+    // fresh turn drafts less: it decodes plainly while its 338 rows catch up).
+    let rate = |u: &mtpx::scheduler::Usage| u.accepted_draft_tokens as f64 / u.draft_tokens as f64;
+    println!("reused {:?}, fresh {:?}", reused.usage, fresh.usage);
+    assert!(
+        rate(&reused.usage) >= rate(&fresh.usage),
+        "the taken-over K/V drafts as well as a computed one"
+    );
+    assert!(reused.usage.draft_tokens > 0);
+    let plain_out = run(&t.engine, plain(greedy_tokens(next, 24))).await;
+    assert_eq!(reused.token_ids, plain_out.token_ids);
+    assert_pages_balance(&t.engine).await;
+}
+
 #[actix_rt::test]
 async fn greedy_with_mtp_heads_equals_plain_greedy_on_twenty_prompts() {
     // (heads, depth): random heads — one module reused for deeper drafts, two chained, two

@@ -256,6 +256,10 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                 if let Some(p) = &task.prediction {
                     req.prediction = Some(engine.tokenize(&Prompt::Text(p.clone())).await?);
                 }
+                // Every run is a cold turn: an earlier run's draft K/V (which a later request
+                // with the same prompt takes over) would spare this one its draft catch-up.
+                engine.clear_caches().await;
+                let catch_up_before = engine.scheduler_stats().await.draft_catch_up_rows;
                 let before = engine.scheduler_stats().await.spec;
                 let (usage, ids, text, wall) = run(&engine, req).await?;
                 if choice == SpecChoice::Off {
@@ -267,6 +271,7 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                 let stats = engine.scheduler_stats().await;
                 let row = json!({
                     "task": task.name,
+                    "draft_catch_up_rows": stats.draft_catch_up_rows - catch_up_before,
                     "speculative": speculative,
                     "drafters": match choice {
                         SpecChoice::Off => Vec::new(),

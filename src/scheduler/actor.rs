@@ -109,6 +109,9 @@ pub struct SchedulerStats {
     pub spec: SpecCounters,
     /// Times the cost guard paused the draft model for being slower than plain decoding.
     pub draft_model_pauses: u32,
+    /// Rows the draft model computed to bring sequences far behind up to date (a new prompt,
+    /// less what it could take over from an earlier request's draft K/V).
+    pub draft_catch_up_rows: u64,
     /// Milliseconds per committed token, measured: plain decode steps, and steps verifying
     /// draft-model drafts (draft + verify); zero without a draft model.
     pub plain_ms_per_token: f64,

@@ -97,7 +97,7 @@ impl DraftWorker {
         num_pages: usize,
     ) -> Self {
         Self {
-            cache: DrafterCache::new(model.kv_shape(page_size), dtype, num_pages),
+            cache: DrafterCache::new(model.kv_shape(page_size), dtype, num_pages).with_leftovers(),
             model,
         }
     }
@@ -161,7 +161,7 @@ impl DraftWorker {
             if let Err(e) = self.forward_and_sample(&mut live, &asks) {
                 tracing::warn!("draft model forward failed: {e:#}");
                 for l in live.drain(..) {
-                    self.cache.end(&l.key, false);
+                    self.cache.remove(&l.key);
                 }
             }
         }
@@ -187,6 +187,7 @@ impl DraftWorker {
         protected: &HashSet<DraftKey>,
     ) -> Result<Option<Live>, KvError> {
         let n = ask.tokens.len();
+        self.cache.adopt_leftover(&ask.key, &ask.tokens);
         let seq = self.cache.touch(&ask.key);
         // At least the pending token is computed, so the round has logits to draft from.
         let keep = common_prefix(&seq.tokens, &ask.tokens).min(n.saturating_sub(1));
@@ -234,7 +235,7 @@ impl DraftWorker {
             Ok(_) => self.cache.get_mut(key).tokens.extend_from_slice(feed),
             Err(e) => {
                 tracing::warn!("draft model catch-up failed: {e:#}");
-                self.cache.end(key, false);
+                self.cache.remove(key);
             }
         }
     }
@@ -347,6 +348,42 @@ mod tests {
         assert!(r.results[0].refused.is_some());
         w.cache.end(&"a".into(), false);
         w.cache.end(&"b".into(), false);
+        w.cache.clear_idle();
+        assert_eq!(w.pool_stats().num_used, 0);
+    }
+
+    /// A request repeating an ended request's tokens (the next turn of a stateless
+    /// conversation) takes over its K/V: it computes only what differs, and drafts exactly what
+    /// a freshly computed K/V drafts.
+    #[test]
+    fn a_later_request_takes_over_an_ended_requests_draft_kv() {
+        let (mut w, _dir) = worker(64);
+        let first = ask("a", 40);
+        assert_eq!(w.round(vec![first.clone()]).results[0].drafts.len(), 3);
+        w.cache.end(&"a".into(), false);
+        assert!(w.pool_stats().num_used > 0, "the ended request's K/V stays");
+        // The next turn: the same 40 tokens and 5 more.
+        let next = DraftAsk {
+            key: "c".into(),
+            tokens: first.tokens.iter().copied().chain(300..305).collect(),
+            ..first.clone()
+        };
+        w.cache.begin("c".into(), &SamplingParams::greedy(), 0);
+        let taken_over = w.round(vec![next.clone()]);
+        assert_eq!(
+            taken_over.num_catch_up_rows, 0,
+            "only the 5 new tokens are computed"
+        );
+        // The same turn on a fresh worker computes all 45.
+        let (mut fresh, _dir2) = worker(64);
+        fresh.cache.begin("c".into(), &SamplingParams::greedy(), 0);
+        let computed = fresh.round(vec![next.clone()]);
+        assert_eq!(computed.num_catch_up_rows, 45, "{computed:?}");
+        assert_eq!(taken_over.results[0].drafts.len(), 3);
+        assert_eq!(taken_over.results[0].drafts, computed.results[0].drafts);
+        // Caches cleared: nothing is held.
+        w.cache.end(&"c".into(), false);
+        w.cache.clear_idle();
         assert_eq!(w.pool_stats().num_used, 0);
     }
 }

@@ -61,6 +61,9 @@ pub struct Entry<X> {
     /// Present while a turn is in progress.
     pub sampler: Option<Sampler>,
     last_used: u64,
+    /// Ended with no session to come back for it: another request repeating its tokens (the
+    /// next turn of a stateless conversation) may take its K/V over.
+    pub leftover: bool,
     /// What a drafter keeps besides.
     pub extra: X,
 }
@@ -70,6 +73,8 @@ pub struct DrafterCache<X> {
     pub kv: KvStorage,
     seqs: HashMap<DraftKey, Entry<X>>,
     clock: u64,
+    /// Whether ended requests' K/V stays for [`DrafterCache::adopt_leftover`].
+    keeps_leftovers: bool,
 }
 
 impl<X: Default> DrafterCache<X> {
@@ -79,7 +84,14 @@ impl<X: Default> DrafterCache<X> {
             kv: KvStorage::new(shape, dtype, num_pages),
             seqs: HashMap::new(),
             clock: 0,
+            keeps_leftovers: false,
         }
+    }
+
+    /// Keeps ended requests' K/V for later requests that repeat their tokens.
+    pub fn with_leftovers(mut self) -> Self {
+        self.keeps_leftovers = true;
+        self
     }
 
     pub fn pool_stats(&self) -> PoolStats {
@@ -123,15 +135,51 @@ impl<X: Default> DrafterCache<X> {
         self.seqs.entry(key).or_default().sampler = Sampler::new(params).ok();
     }
 
-    /// A turn ends: a persistent session keeps its K/V (`keep`) for its next turn.
+    /// A turn ends: a persistent session keeps its K/V for its next turn (`keep`); a request's
+    /// stays as a leftover that a later request with the same leading tokens takes over (an
+    /// OpenAI-style client resends the whole conversation each turn), until the pool needs
+    /// its pages or caches are cleared.
     pub fn end(&mut self, key: &DraftKey, keep: bool) {
-        if keep {
-            if let Some(s) = self.seqs.get_mut(key) {
-                s.sampler = None;
-            }
-        } else if let Some(mut s) = self.seqs.remove(key) {
-            let _ = s.table.release(&mut self.pool);
+        if !keep && !self.keeps_leftovers {
+            return self.remove(key);
         }
+        if let Some(s) = self.seqs.get_mut(key) {
+            s.sampler = None;
+            s.leftover = !keep;
+        }
+    }
+
+    /// Before `key` (holding nothing yet) starts on `tokens`: takes over the leftover whose
+    /// K/V shares the longest run of leading tokens with them, when that covers at least a
+    /// page. Returns how many tokens the taken-over K/V holds (it is truncated by the caller
+    /// to what matches).
+    pub fn adopt_leftover(&mut self, key: &DraftKey, tokens: &[u32]) -> usize {
+        if self.seqs.get(key).is_some_and(|s| !s.tokens.is_empty()) {
+            return 0;
+        }
+        let best = self
+            .seqs
+            .iter()
+            .filter(|(k, s)| s.leftover && *k != key)
+            .map(|(k, s)| (common_prefix(&s.tokens, tokens), k))
+            .max_by_key(|(n, _)| *n);
+        let Some((n, donor)) = best else { return 0 };
+        if n < self.pool.page_size() {
+            return 0;
+        }
+        let donor = donor.clone();
+        let mut entry = self.seqs.remove(&donor).expect("found above");
+        entry.leftover = false;
+        entry.last_used = self.clock;
+        let sampler = self.seqs.remove(key).and_then(|old| {
+            let mut old = old;
+            let _ = old.table.release(&mut self.pool);
+            old.sampler
+        });
+        entry.sampler = sampler;
+        let held = entry.tokens.len();
+        self.seqs.insert(key.clone(), entry);
+        held
     }
 
     /// Drops the K/V of every key with no turn in progress.
@@ -143,7 +191,14 @@ impl<X: Default> DrafterCache<X> {
             .map(|(k, _)| k.clone())
             .collect();
         for key in idle {
-            self.end(&key, false);
+            self.remove(&key);
+        }
+    }
+
+    /// Forgets `key` and frees its pages (its K/V is in doubt after a failed forward).
+    pub fn remove(&mut self, key: &DraftKey) {
+        if let Some(mut s) = self.seqs.remove(key) {
+            let _ = s.table.release(&mut self.pool);
         }
     }
 
@@ -184,6 +239,10 @@ impl<X: Default> DrafterCache<X> {
                 .min_by_key(|(_, s)| (s.sampler.is_some(), s.last_used))
                 .map(|(k, _)| k.clone());
             let Some(victim) = victim else { break };
+            if self.seqs[&victim].leftover {
+                self.remove(&victim);
+                continue;
+            }
             let s = self.seqs.get_mut(&victim).unwrap();
             s.table.release(&mut self.pool)?;
             s.tokens.clear();

@@ -198,6 +198,7 @@ impl SchedulerActor {
         };
         self.tally.draft_time = elapsed;
         self.tally.draft_catch_up = reply.num_catch_up_rows > 0;
+        self.stats.draft_catch_up_rows += reply.num_catch_up_rows as u64;
         let (elapsed, num_forwards) = (reply.elapsed, reply.num_forwards);
         self.tally.model_drafted = self.take_drafts(ids, reply, DraftSource::DraftModel);
         if let Some(c) = self.draft_costs.as_mut() {
@@ -272,6 +273,16 @@ impl SchedulerActor {
             return;
         };
         let committed = (self.stats.tokens_generated - t.tokens_before) as usize;
+        tracing::debug!(
+            prefill = t.prefill,
+            catch_up = t.draft_catch_up,
+            model_drafted = t.model_drafted,
+            verified = t.verified,
+            draft_ms = t.draft_time.as_secs_f64() * 1e3,
+            forward_ms = forward_time.as_secs_f64() * 1e3,
+            committed,
+            "step"
+        );
         // Prefill steps and a turn's one-off draft catch-up are not comparable.
         if !t.prefill && !t.draft_catch_up {
             if t.model_drafted {
