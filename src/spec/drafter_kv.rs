@@ -140,7 +140,8 @@ impl<X: Default> DrafterCache<X> {
     /// OpenAI-style client resends the whole conversation each turn), until the pool needs
     /// its pages or caches are cleared.
     pub fn end(&mut self, key: &DraftKey, keep: bool) {
-        if !keep && !self.keeps_leftovers {
+        let holds_nothing = self.seqs.get(key).is_some_and(|s| s.tokens.is_empty());
+        if !keep && (!self.keeps_leftovers || holds_nothing) {
             return self.remove(key);
         }
         if let Some(s) = self.seqs.get_mut(key) {
