@@ -78,7 +78,6 @@ fn bench_matrix(c: &mut Criterion, dtype: GgmlDType, out_dim: usize, in_dim: usi
     // Copies that together overflow the L3 cache, used in turn: decode streams from DRAM.
     let num_copies = (STREAM_BYTES / ours.packed_bytes()).clamp(1, 64);
     let copies: Vec<QuantMatrix> = (0..num_copies).map(|_| ours.clone()).collect();
-    // candle gets the Q8_0 re-encoding of Q5_0 too, as the engine loads it.
     let candle = QMatMul::from_qtensor(q).unwrap();
 
     let mut group = c.benchmark_group(&name);
@@ -106,7 +105,7 @@ fn bench_matrix(c: &mut Criterion, dtype: GgmlDType, out_dim: usize, in_dim: usi
 }
 
 fn kernels(c: &mut Criterion) {
-    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1, GgmlDType::F16] {
+    for dtype in [GgmlDType::Q8_0, GgmlDType::Q5_0, GgmlDType::Q4_1, GgmlDType::F16] {
         for (out_dim, in_dim) in SHAPES_0_5B {
             if dtype == GgmlDType::F16 && out_dim > 100_000 {
                 continue; // no model here stores its output projection in F16

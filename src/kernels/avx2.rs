@@ -43,6 +43,7 @@ macro_rules! safe_kernel {
 
 safe_kernel!(q8_0, q8_0_impl, Format::Q8_0, ActQ8);
 safe_kernel!(q4_1, q4_1_impl, Format::Q4_1, ActQ8);
+safe_kernel!(q5_0, q5_0_impl, Format::Q5_0, ActQ8);
 safe_kernel!(q4k, q4k_impl, Format::Q4K, ActQ8K);
 safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K);
 safe_kernel!(f16, f16_impl, Format::F16, f32);
@@ -173,6 +174,43 @@ unsafe fn q4_1_impl(w: &[u8], acts: &[ActQ8], out: &mut [f32], rows: usize, nb: 
                 _mm256_set1_ps(a.sum as f32),
             );
             *acc = _mm256_add_ps(with_dot, min);
+        }
+    }
+    store_rows(&acc, out, rows, h);
+}
+
+/// Q5_0 as `Σ u · x − 16 · Σ x` (see `avx512::q5_0_impl`); 8 rows of the group per half.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_impl(w: &[u8], acts: &[ActQ8], out: &mut [f32], rows: usize, nb: usize, h: usize) {
+    let mut acc = [_mm256_setzero_ps(); MAX_KERNEL_ROWS];
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m10 = _mm256_set1_epi8(0x10);
+    for b in 0..nb {
+        let p = w.as_ptr().add(b * Format::Q5_0.group_block_bytes());
+        prefetch_block(p, Format::Q5_0.group_block_bytes());
+        let dw = f16x8(p.add(16 * h));
+        let hb = load(p.add(288 + 32 * h));
+        let mut q = [_mm256_setzero_si256(); 8];
+        for t in 0..4 {
+            let v = load(p.add(32 + 64 * t + 32 * h));
+            let (fifth_low, fifth_high) = match t {
+                0 => (_mm256_slli_epi16::<4>(hb), hb),
+                1 => (_mm256_slli_epi16::<3>(hb), _mm256_srli_epi16::<1>(hb)),
+                2 => (_mm256_slli_epi16::<2>(hb), _mm256_srli_epi16::<2>(hb)),
+                _ => (_mm256_slli_epi16::<1>(hb), _mm256_srli_epi16::<3>(hb)),
+            };
+            let low = _mm256_and_si256(v, m4);
+            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            q[t] = _mm256_or_si256(low, _mm256_and_si256(fifth_low, m10));
+            q[t + 4] = _mm256_or_si256(high, _mm256_and_si256(fifth_high, m10));
+        }
+        for (r, acc) in acc.iter_mut().enumerate().take(rows) {
+            let a = acts.get_unchecked(r * nb + b);
+            let mut isum = _mm256_set1_epi32(-16 * a.sum);
+            for (t, &q) in q.iter().enumerate() {
+                isum = dot(isum, q, bcast4(a.qs.as_ptr().add(4 * t)));
+            }
+            *acc = scaled_add(*acc, dw, a.d, isum);
         }
     }
     store_rows(&acc, out, rows, h);

@@ -63,6 +63,7 @@ macro_rules! safe_kernel {
 
 safe_kernel!(q8_0, q8_0_impl, Format::Q8_0, ActQ8);
 safe_kernel!(q4_1, q4_1_impl, Format::Q4_1, ActQ8);
+safe_kernel!(q5_0, q5_0_impl, Format::Q5_0, ActQ8);
 safe_kernel!(q4k, q4k_impl, Format::Q4K, ActQ8K);
 safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K);
 safe_kernel!(f16, f16_impl, Format::F16, f32);
@@ -204,6 +205,59 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
                 _mm512_set1_ps(a.sum as f32),
             );
             acc[i] = _mm512_add_ps(with_dot, min);
+        }
+    }
+    store_rows(&acc, out);
+}
+
+/// Step `t` of a Q5_0 group-block's 5-bit weights (u8, 0..=31): the low and high nibbles of the
+/// quants, each with its fifth bit from `hb` (bit `t`, resp. `t + 4`, moved to bit 4; the
+/// 16-bit shifts carry nothing across bytes into bit 4).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q5_0_weights(p: *const u8, hb: __m512i, t: usize) -> (__m512i, __m512i) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m10 = _mm512_set1_epi8(0x10);
+    let v = load(p.add(32 + 64 * t));
+    let (fifth_low, fifth_high) = match t {
+        0 => (_mm512_slli_epi16::<4>(hb), hb),
+        1 => (_mm512_slli_epi16::<3>(hb), _mm512_srli_epi16::<1>(hb)),
+        2 => (_mm512_slli_epi16::<2>(hb), _mm512_srli_epi16::<2>(hb)),
+        _ => (_mm512_slli_epi16::<1>(hb), _mm512_srli_epi16::<3>(hb)),
+    };
+    // `nibble | (fifth & 0x10)` in one instruction (truth table A | (B & C)).
+    let low = _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(v, m4), fifth_low, m10);
+    let high_nibble = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+    let high = _mm512_ternarylogic_epi32::<0xF8>(high_nibble, fifth_high, m10);
+    (low, high)
+}
+
+/// Q5_0 as `Σ u · x − 16 · Σ x` (`u` the unsigned 5-bit weight): Q8_0's integer sum exactly.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], nb: usize) {
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..nb {
+        let p = w.as_ptr().add(b * Format::Q5_0.group_block_bytes());
+        prefetch_header(p, Format::Q5_0.group_block_bytes());
+        let a: [*const ActQ8; R] = rows_at(acts, b, nb);
+        let mut low_sum = [_mm512_setzero_si512(); R];
+        let mut high_sum = [_mm512_setzero_si512(); R];
+        for (sum, &a) in low_sum.iter_mut().zip(&a) {
+            *sum = _mm512_set1_epi32(-16 * (*a).sum);
+        }
+        let hb = load(p.add(288));
+        for t in 0..4 {
+            let (low, high) = q5_0_weights(p, hb, t);
+            for i in 0..R {
+                let x = (*a[i]).qs.as_ptr().add(4 * t);
+                low_sum[i] = _mm512_dpbusd_epi32(low_sum[i], low, bcast4(x));
+                high_sum[i] = _mm512_dpbusd_epi32(high_sum[i], high, bcast4(x.add(16)));
+            }
+        }
+        let dw = f16x16(p);
+        for i in 0..R {
+            let isum = _mm512_add_epi32(low_sum[i], high_sum[i]);
+            acc[i] = scaled_add(acc[i], dw, (*a[i]).d, isum);
         }
     }
     store_rows(&acc, out);

@@ -11,12 +11,16 @@
 //! | ------ | ----------- | --------------------- | ------------------------------------------------ |
 //! | Q8_0   | 32          | 544                   | d f16[16] @0, qs i8 [8][16][4] @32               |
 //! | Q4_1   | 32          | 320                   | d @0, m @32, qs nibbles [4][16][4] @64           |
+//! | Q5_0   | 32          | 352                   | d @0, qs nibbles [4][16][4] @32, hb [16][4] @288 |
 //! | Q4_K   | 256         | 2368                  | d @0, dmin @32, sc u8[8][16] @64, m u8[4][16][2] @192, qs [4 pairs][8][16][4] @320 |
 //! | Q6_K   | 256         | 3360                  | d @0, sc i8[16][16] @32, ql [2][2][8][16][4] @288, qh [2][8][16][4] @2336 |
 //! | F16    | 1           | 32                    | w f16[16]                                        |
 //! | F32    | 1           | 64                    | w f32[16]                                        |
 //!
-//! Q5_0 is re-encoded as Q8_0 without loss (`(q − 16) · d` fits an i8 with the same scale).
+//! Q5_0 keeps its 5.5 bits per weight (widening it to Q8_0 would read 55% more bytes per
+//! token): the low nibbles as Q4_1's, and the fifth bits re-spread so that byte `b` of column
+//! `c` in `hb` holds, at bit `k`, the fifth bit of weight `4k + b` — step `t` of the low nibbles
+//! finds its bits at bit `t` and of the high nibbles at bit `t + 4` of the same bytes.
 
 use candle_core::quantized::GgmlDType;
 
@@ -30,6 +34,7 @@ pub const GROUP: usize = 16;
 pub enum Format {
     Q8_0,
     Q4_1,
+    Q5_0,
     Q4K,
     Q6K,
     F16,
@@ -40,7 +45,7 @@ impl Format {
     /// Weights along `in_dim` per block.
     pub fn block_len(self) -> usize {
         match self {
-            Format::Q8_0 | Format::Q4_1 => 32,
+            Format::Q8_0 | Format::Q4_1 | Format::Q5_0 => 32,
             Format::Q4K | Format::Q6K => 256,
             Format::F16 | Format::F32 => 1,
         }
@@ -51,6 +56,7 @@ impl Format {
         match self {
             Format::Q8_0 => 544,
             Format::Q4_1 => 320,
+            Format::Q5_0 => 352,
             Format::Q4K => 2368,
             Format::Q6K => 3360,
             Format::F16 => 32,
@@ -63,7 +69,7 @@ impl Format {
 fn source_format(dtype: GgmlDType) -> Result<(Format, usize), KernelError> {
     Ok(match dtype {
         GgmlDType::Q8_0 => (Format::Q8_0, 34),
-        GgmlDType::Q5_0 => (Format::Q8_0, 22),
+        GgmlDType::Q5_0 => (Format::Q5_0, 22),
         GgmlDType::Q4_1 => (Format::Q4_1, 20),
         GgmlDType::Q4K => (Format::Q4K, 144),
         GgmlDType::Q6K => (Format::Q6K, 210),
@@ -99,17 +105,13 @@ pub fn repack(
     let gbb = format.group_block_bytes();
     let num_groups = out_dim.div_ceil(GROUP);
     let mut packed = vec![0u8; num_groups * num_blocks * gbb];
-    let mut q8 = [0u8; 34];
     for (g, group) in packed.chunks_exact_mut(num_blocks * gbb).enumerate() {
         for (b, dst) in group.chunks_exact_mut(gbb).enumerate() {
             for c in 0..GROUP.min(out_dim - g * GROUP) {
                 let start = (g * GROUP + c) * row_bytes + b * src_block_bytes;
                 let src = &data[start..start + src_block_bytes];
                 match dtype {
-                    GgmlDType::Q5_0 => {
-                        q5_0_to_q8_0(src, &mut q8);
-                        pack_q8_0(&q8, dst, c);
-                    }
+                    GgmlDType::Q5_0 => pack_q5_0(src, dst, c),
                     GgmlDType::Q8_0 => pack_q8_0(src, dst, c),
                     GgmlDType::Q4_1 => pack_q4_1(src, dst, c),
                     GgmlDType::Q4K => pack_q4k(src, dst, c),
@@ -139,6 +141,17 @@ fn pack_q4_1(src: &[u8], dst: &mut [u8], c: usize) {
     dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
     dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
     interleave(&src[4..20], &mut dst[64..], c);
+}
+
+fn pack_q5_0(src: &[u8], dst: &mut [u8], c: usize) {
+    dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+    interleave(&src[6..22], &mut dst[32..], c);
+    let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+    for b in 0..4 {
+        dst[288 + 4 * c + b] = (0..8).fold(0u8, |byte, k| {
+            byte | ((((qh >> (4 * k + b)) & 1) as u8) << k)
+        });
+    }
 }
 
 fn pack_q4k(src: &[u8], dst: &mut [u8], c: usize) {
@@ -191,18 +204,6 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q5_0 (`d`, 32 high bits, 16 nibble bytes) → Q8_0 (`d`, 32 × i8 of `q − 16`), losslessly.
-fn q5_0_to_q8_0(src: &[u8], dst: &mut [u8; 34]) {
-    dst[0..2].copy_from_slice(&src[0..2]);
-    let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
-    for j in 0..16 {
-        let lo = (src[6 + j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-        let hi = (src[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-        dst[2 + j] = (lo as i8 - 16) as u8;
-        dst[2 + 16 + j] = (hi as i8 - 16) as u8;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,14 +224,14 @@ mod tests {
     }
 
     #[test]
-    fn q5_0_decodes_to_q_minus_16() {
+    fn q5_0_fifth_bits_are_spread_by_step() {
         let mut src = [0u8; 22];
-        src[2..6].copy_from_slice(&0x8000_0001u32.to_le_bytes());
-        src[6] = 0xF0; // weight 0: 0 | 16 → 0; weight 16: 15 → −1
-        src[21] = 0x0F; // weight 15: 15 → −1; weight 31: 0 | 16 → 0
-        let mut dst = [0u8; 34];
-        q5_0_to_q8_0(&src, &mut dst);
-        let q: Vec<i8> = dst[2..].iter().map(|&b| b as i8).collect();
-        assert_eq!((q[0], q[16], q[15], q[31], q[1]), (0, -1, -1, 0, -16));
+        // Fifth bits of weights 0, 5 (step 1, byte 1) and 31 (step 7, byte 3).
+        src[2..6].copy_from_slice(&(1u32 | 1 << 5 | 1 << 31).to_le_bytes());
+        src[6] = 0xA3; // weight 0: low nibble 3; weight 16: 0xA
+        let mut dst = vec![0u8; 352];
+        pack_q5_0(&src, &mut dst, 2);
+        assert_eq!(&dst[288 + 8..288 + 12], &[0b1, 0b10, 0, 0b1000_0000]);
+        assert_eq!(dst[32 + 8], 0xA3);
     }
 }

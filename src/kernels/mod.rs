@@ -174,7 +174,7 @@ impl QuantMatrix {
         };
         let staging = grown(&mut scratch.staging, self.num_groups() * num_rows * GROUP);
         match self.format {
-            Format::Q8_0 | Format::Q4_1 => {
+            Format::Q8_0 | Format::Q4_1 | Format::Q5_0 => {
                 let acts = grown(&mut scratch.q8, num_rows * num_blocks);
                 act::quantize_q8(x, acts);
                 job.run(acts, staging, kernel_q8(self.format, path));
@@ -275,10 +275,15 @@ fn kernel_q8(format: Format, path: Dispatch) -> Kernel<ActQ8> {
         #[cfg(target_arch = "x86_64")]
         (Format::Q4_1, Dispatch::Avx512) => avx512::q4_1,
         #[cfg(target_arch = "x86_64")]
+        (Format::Q5_0, Dispatch::Avx512) => avx512::q5_0,
+        #[cfg(target_arch = "x86_64")]
         (Format::Q8_0, Dispatch::Avx2) => avx2::q8_0,
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q5_0, Dispatch::Avx2) => avx2::q5_0,
         #[cfg(target_arch = "x86_64")]
         (Format::Q4_1, Dispatch::Avx2) => avx2::q4_1,
         (Format::Q4_1, _) => scalar::q4_1,
+        (Format::Q5_0, _) => scalar::q5_0,
         _ => scalar::q8_0,
     }
 }

@@ -48,6 +48,32 @@ pub fn q8_0(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
     debug_assert_eq!(num_rows * GROUP, out.len());
 }
 
+/// Q5_0 as `(u − 16) · x` with `u` the 5-bit weight: the same integer sum as Q8_0's `q · x`.
+pub fn q5_0(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
+    let (_, num_blocks) = rows_and_blocks(acts, out);
+    let gbb = Format::Q5_0.group_block_bytes();
+    for (r, out) in out.chunks_exact_mut(GROUP).enumerate() {
+        let mut acc = [0f32; GROUP];
+        for (b, wb) in w.chunks_exact(gbb).take(num_blocks).enumerate() {
+            let a = &acts[r * num_blocks + b];
+            let (q, hb) = (&wb[32..], &wb[288..]);
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let mut isum = 0i32;
+                for k in 0..32 {
+                    let (j, high) = (k % 16, k / 16);
+                    let (t, bb) = (j / 4, j % 4);
+                    let nibble = (byte(q, t, c, bb) >> (4 * high)) & 0x0F;
+                    let fifth = (hb[4 * c + bb] >> (t + 4 * high)) & 1;
+                    let u = (nibble | (fifth << 4)) as i32;
+                    isum += (u - 16) * a.qs[k] as i32;
+                }
+                *acc += (f16_at(wb, c) * a.d) * isum as f32;
+            }
+        }
+        out.copy_from_slice(&acc);
+    }
+}
+
 pub fn q4_1(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
     let (_, num_blocks) = rows_and_blocks(acts, out);
     let gbb = Format::Q4_1.group_block_bytes();
