@@ -105,7 +105,12 @@ fn bench_matrix(c: &mut Criterion, dtype: GgmlDType, out_dim: usize, in_dim: usi
 }
 
 fn kernels(c: &mut Criterion) {
-    for dtype in [GgmlDType::Q8_0, GgmlDType::Q5_0, GgmlDType::Q4_1, GgmlDType::F16] {
+    for dtype in [
+        GgmlDType::Q8_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q4_1,
+        GgmlDType::F16,
+    ] {
         for (out_dim, in_dim) in SHAPES_0_5B {
             if dtype == GgmlDType::F16 && out_dim > 100_000 {
                 continue; // no model here stores its output projection in F16

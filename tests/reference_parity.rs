@@ -3,6 +3,9 @@
 //! with the `gguf` PyPI package. Needs the pulled models and the Python venv that
 //! `tests/run.sh` sets up (`MTPX_PYTHON`, default `.venv/bin/python`).
 
+mod common;
+
+use common::pulled_model;
 use mtpx::kv::KvDtype;
 use mtpx::model::weights::WeightFormat;
 use mtpx::model::ModelBundle;
@@ -12,19 +15,6 @@ use std::process::Command;
 
 /// English prose, Python, Rust, JS, HTML and JSON: the kind of text the models are for.
 const TEXT: &str = include_str!("../src/model/test_model/corpus.txt");
-
-fn model_path(name: &str) -> PathBuf {
-    let home = std::env::var_os("MTPX_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx"));
-    let path = home.join("models").join(format!("{name}.gguf"));
-    assert!(
-        path.exists(),
-        "{} is missing: run `mtpx pull {name}` (tests/run.sh does)",
-        path.display()
-    );
-    path
-}
 
 fn python() -> PathBuf {
     let python = std::env::var_os("MTPX_PYTHON")
@@ -105,7 +95,7 @@ fn read_npy_f32(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
 /// 8 bits for the integer dot products exactly as llama.cpp does, which moves logits by up to a
 /// few tenths and flips near-ties; that path gets a looser bound and its figures are reported.
 fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, max_delta: f32) {
-    let path = model_path(name);
+    let path = pulled_model(name);
     let bundle = ModelBundle::load_as(&path, format).unwrap();
     let mut tokens = bundle.encode(TEXT).unwrap();
     tokens.truncate(256);
@@ -150,7 +140,7 @@ fn qwen_coder_0_5b_matches_the_numpy_reference_teacher_forced() {
 
 #[test]
 fn qwen_coder_0_5b_greedy_chat_equals_the_numpy_reference() {
-    let path = model_path("qwen2.5-coder-0.5b");
+    let path = pulled_model("qwen2.5-coder-0.5b");
     let bundle = ModelBundle::load(&path).unwrap();
     let prompt = bundle
         .encode_chat(

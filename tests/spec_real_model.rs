@@ -8,27 +8,16 @@
 //! run on them once per seed. The engine path itself is covered by `tests/spec.rs` on the
 //! generated test model. Needs the pulled model (`tests/run.sh` pulls it).
 
+mod common;
+
+use common::pulled_model;
 use mtpx::kv::KvDtype;
 use mtpx::model::ModelBundle;
 use mtpx::runner::SingleSequence;
 use mtpx::sampling::{Distribution, Sampler, SamplingParams, TokenHistory};
 use mtpx::spec::{ngram, verify, Verification};
-use std::path::PathBuf;
 
 type Counts = std::collections::HashMap<u32, f64>;
-
-fn model_path(name: &str) -> PathBuf {
-    let home = std::env::var_os("MTPX_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx"));
-    let path = home.join("models").join(format!("{name}.gguf"));
-    assert!(
-        path.exists(),
-        "{} is missing: run `mtpx pull {name}` (tests/run.sh does)",
-        path.display()
-    );
-    path
-}
 
 /// A list that repeats with variations: the n-gram drafter proposes " cheese, apples" (what
 /// followed the last "apples, bread,"), which the model finds likely but far from certain
@@ -46,7 +35,7 @@ struct Case {
 }
 
 fn real_case() -> Case {
-    let bundle = ModelBundle::load(&model_path("qwen2.5-coder-0.5b")).unwrap();
+    let bundle = ModelBundle::load(&pulled_model("qwen2.5-coder-0.5b")).unwrap();
     let prompt = bundle.encode(PROMPT).unwrap();
     let m = ngram::lookup(&prompt, NUM_DRAFTS, 2, 16).expect("the prompt repeats itself");
     assert_eq!(m.draft.len(), NUM_DRAFTS, "{m:?}");

@@ -9,6 +9,23 @@ use mtpx::model::ModelBundle;
 use mtpx::sampling::SamplingParams;
 use mtpx::scheduler::{FinishReason, Usage};
 
+/// A model `mtpx pull` put in `$MTPX_HOME/models` (default `~/.cache/mtpx`); `tests/run.sh`
+/// pulls the ones the tests use.
+pub fn pulled_model(name: &str) -> std::path::PathBuf {
+    let home = std::env::var_os("MTPX_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx")
+        });
+    let path = home.join("models").join(format!("{name}.gguf"));
+    assert!(
+        path.exists(),
+        "{} is missing: run `mtpx pull {name}` (tests/run.sh does)",
+        path.display()
+    );
+    path
+}
+
 pub struct TestEngine {
     pub engine: Engine,
     _dir: tempfile::TempDir,
