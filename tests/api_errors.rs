@@ -310,12 +310,17 @@ async fn a_client_disconnect_mid_stream_frees_the_requests_pages() {
 #[actix_rt::test]
 async fn a_queued_stream_gets_keep_alive_comments_then_its_reply() {
     // One sequence at a time: the second request waits in the queue behind the first.
+    // The first request must outlast the checks below by far on any machine: the test model
+    // decodes thousands of tokens a second, so it gets 30,000 tokens (a 32K window) and is
+    // cancelled once they are done.
     let cfg = EngineConfig {
         max_seqs: 1,
+        context_window: Some(32_768),
+        kv_memory: KvMemory::Bytes(256 << 20),
         ..engine_cfg()
     };
     let s = TestServer::start(&TestModelSpec::default(), cfg, test_config()).unwrap();
-    let long = json!({"messages": user("Write a very long story."), "max_tokens": 1800,
+    let long = json!({"messages": user("Write a very long story."), "max_tokens": 30_000,
         "stream": true, "logit_bias": ban_specials()});
     let mut first = client()
         .post(s.at("/v1/chat/completions"))

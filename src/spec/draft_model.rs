@@ -127,15 +127,24 @@ impl DraftWorker {
         let mut results = vec![Drafted::default(); asks.len()];
         let mut live = Vec::new();
         let mut num_catch_up_rows = 0;
+        let mut num_prompt_catch_up_rows = 0;
         let mut catch_up_budget = MAX_CATCH_UP_ROWS;
         for (i, ask) in asks.iter().enumerate() {
             let before = catch_up_budget;
-            match self.prepare(i, ask, &mut catch_up_budget, &protected) {
+            let prompt_before = num_prompt_catch_up_rows;
+            match self.prepare(
+                i,
+                ask,
+                &mut catch_up_budget,
+                &mut num_prompt_catch_up_rows,
+                &protected,
+            ) {
                 Ok(Some(l)) => live.push(l),
                 Ok(None) => {}
                 Err(e) => results[i].refused = Some(Refusal::Pool(e)),
             }
             num_catch_up_rows += before - catch_up_budget;
+            debug_assert!(num_prompt_catch_up_rows - prompt_before <= before - catch_up_budget);
         }
         let mut done = Vec::new();
         let mut num_forwards = 0;
@@ -172,6 +181,7 @@ impl DraftWorker {
             results,
             num_forwards,
             num_catch_up_rows,
+            num_prompt_catch_up_rows,
             elapsed: started.elapsed(),
         }
     }
@@ -184,6 +194,7 @@ impl DraftWorker {
         i: usize,
         ask: &DraftAsk,
         catch_up_budget: &mut usize,
+        prompt_catch_up_rows: &mut usize,
         protected: &HashSet<DraftKey>,
     ) -> Result<Option<Live>, KvError> {
         let n = ask.tokens.len();
@@ -201,6 +212,8 @@ impl DraftWorker {
         } else {
             let n = missing.min(*catch_up_budget);
             *catch_up_budget -= n;
+            // Positions keep..keep + n; those before `num_prompt` are the prompt's.
+            *prompt_catch_up_rows += (keep + n).min(ask.num_prompt).saturating_sub(keep);
             n
         };
         if num_feed == 0 {

@@ -48,6 +48,10 @@ pub struct DraftReply {
     /// Rows computed to bring sequences far behind up to date (a new prompt): a one-off cost
     /// per turn that says nothing about what drafting costs per token.
     pub num_catch_up_rows: usize,
+    /// Of those, the rows of prompt positions: the turn's one-off catch-up. The rest caught up
+    /// on tokens committed while this drafter was not drafting (paused, or another drafter's
+    /// rounds) — a cost of drafting with it, which its cost guard must see.
+    pub num_prompt_catch_up_rows: usize,
     /// Time spent in this round's forwards and sampling.
     pub elapsed: Duration,
 }

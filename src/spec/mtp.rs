@@ -183,6 +183,8 @@ impl MtpWorker {
             results,
             num_forwards,
             num_catch_up_rows,
+            // The MTP heads have no cost guard; all their catch-up is counted as prompt.
+            num_prompt_catch_up_rows: num_catch_up_rows,
             elapsed: started.elapsed(),
         }
     }

@@ -19,8 +19,10 @@ pub(super) struct StepTally {
     pub draft_time: Duration,
     /// The round drafted something.
     pub model_drafted: bool,
-    /// The round also brought a sequence far behind up to date (a one-off per turn).
+    /// The round also brought a sequence far behind up to date.
     pub draft_catch_up: bool,
+    /// Some of that was a prompt's (a one-off per turn, not a cost of drafting).
+    pub draft_prompt_catch_up: bool,
     /// Some grant prefilled prompt tokens (such steps are not comparable).
     pub prefill: bool,
     /// Some grant verified drafts.
@@ -198,6 +200,7 @@ impl SchedulerActor {
         };
         self.tally.draft_time = elapsed;
         self.tally.draft_catch_up = reply.num_catch_up_rows > 0;
+        self.tally.draft_prompt_catch_up = reply.num_prompt_catch_up_rows > 0;
         self.stats.draft_catch_up_rows += reply.num_catch_up_rows as u64;
         let (elapsed, num_forwards) = (reply.elapsed, reply.num_forwards);
         self.tally.model_drafted = self.take_drafts(ids, reply, DraftSource::DraftModel);
@@ -283,8 +286,10 @@ impl SchedulerActor {
             committed,
             "step"
         );
-        // Prefill steps and a turn's one-off draft catch-up are not comparable.
-        if !t.prefill && !t.draft_catch_up {
+        // Prefill steps and a turn's one-off catch-up on its prompt are not comparable; catching
+        // up on tokens committed while the draft model paused or the n-gram drafter drafted
+        // is what drafting with it costs, and counts.
+        if !t.prefill && !t.draft_prompt_catch_up {
             if t.model_drafted {
                 c.observe_speculative(t.draft_time + forward_time, committed);
             } else if !t.verified && t.draft_time.is_zero() {
