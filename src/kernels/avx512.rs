@@ -87,19 +87,34 @@ unsafe fn load(p: *const u8) -> __m512i {
 /// ~87% (Zen 5, `cargo bench --bench kernels`).
 pub(super) const PREFETCH_DISTANCE: usize = 4096;
 
-/// Asks for the cache line `PREFETCH_DISTANCE` bytes after `p` (past the matrix's end it is a
-/// hint that touches nothing: prefetches do not fault).
+/// The distance when a call applies each weight to several rows: it spends several times longer
+/// on each byte, so 4 KB ahead is too little time for the line to arrive. 12 KB made a 9-row
+/// step of the 1.5B 12% faster (48.5 → 42.5 ms); for one row it made decode 7% slower, so one
+/// row keeps 4 KB (`mtpx bench`, alternating binaries).
+const PREFETCH_DISTANCE_ROWS: usize = 12288;
+
+/// How far ahead a kernel keeping `rows` activation rows in registers prefetches.
+const fn prefetch_distance(rows: usize) -> usize {
+    if rows == 1 {
+        PREFETCH_DISTANCE
+    } else {
+        PREFETCH_DISTANCE_ROWS
+    }
+}
+
+/// Asks for the cache line [`prefetch_distance`]`(R)` bytes after `p` (past the matrix's end it
+/// is a hint that touches nothing: prefetches do not fault).
 #[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8) {
-    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE).cast());
+unsafe fn prefetch_ahead<const R: usize>(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(prefetch_distance(R)).cast());
 }
 
 /// [`prefetch_ahead`] for the first `len` bytes at `p` (a block's scales, which the quant loop
 /// does not read).
 #[inline(always)]
-unsafe fn prefetch_header(p: *const u8, len: usize) {
+unsafe fn prefetch_header<const R: usize>(p: *const u8, len: usize) {
     for offset in (0..len).step_by(64) {
-        prefetch_ahead(p.add(offset));
+        prefetch_ahead::<R>(p.add(offset));
     }
 }
 
@@ -155,8 +170,8 @@ unsafe fn q8_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             *even = _mm512_set1_epi32(-128 * (*a).sum);
         }
         for t in (0..8).step_by(2) {
-            prefetch_ahead(p.add(32 + 64 * t));
-            prefetch_ahead(p.add(96 + 64 * t));
+            prefetch_ahead::<R>(p.add(32 + 64 * t));
+            prefetch_ahead::<R>(p.add(96 + 64 * t));
             let q0 = _mm512_xor_si512(load(p.add(32 + 64 * t)), flip);
             let q1 = _mm512_xor_si512(load(p.add(96 + 64 * t)), flip);
             for i in 0..R {
@@ -180,12 +195,12 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4_1.group_block_bytes());
-        prefetch_ahead(p.add(256));
+        prefetch_ahead::<R>(p.add(256));
         let a: [*const ActQ8; R] = rows_at(acts, b, nb);
         let mut lo_sum = [_mm512_setzero_si512(); R];
         let mut hi_sum = [_mm512_setzero_si512(); R];
         for t in 0..4 {
-            prefetch_ahead(p.add(64 * t));
+            prefetch_ahead::<R>(p.add(64 * t));
             let v = load(p.add(64 + 64 * t));
             let lo = _mm512_and_si512(v, m4);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
@@ -215,7 +230,7 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
 /// 16-bit shifts carry nothing across bytes into bit 4).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn q5_0_weights(p: *const u8, hb: __m512i, t: usize) -> (__m512i, __m512i) {
+unsafe fn q5_0_weights<const R: usize>(p: *const u8, hb: __m512i, t: usize) -> (__m512i, __m512i) {
     let m4 = _mm512_set1_epi8(0x0F);
     let m10 = _mm512_set1_epi8(0x10);
     let v = load(p.add(32 + 64 * t));
@@ -238,7 +253,7 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q5_0.group_block_bytes());
-        prefetch_header(p, Format::Q5_0.group_block_bytes());
+        prefetch_header::<R>(p, Format::Q5_0.group_block_bytes());
         let a: [*const ActQ8; R] = rows_at(acts, b, nb);
         let mut low_sum = [_mm512_setzero_si512(); R];
         let mut high_sum = [_mm512_setzero_si512(); R];
@@ -247,7 +262,7 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
         }
         let hb = load(p.add(288));
         for t in 0..4 {
-            let (low, high) = q5_0_weights(p, hb, t);
+            let (low, high) = q5_0_weights::<R>(p, hb, t);
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
                 low_sum[i] = _mm512_dpbusd_epi32(low_sum[i], low, bcast4(x));
@@ -269,14 +284,14 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4K.group_block_bytes());
-        prefetch_header(p, 320);
+        prefetch_header::<R>(p, 320);
         let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [_mm512_setzero_si512(); R];
         for pair in 0..4 {
             let mut lo_sum = [_mm512_setzero_si512(); R];
             let mut hi_sum = [_mm512_setzero_si512(); R];
             for t in 0..8 {
-                prefetch_ahead(p.add(320 + 512 * pair + 64 * t));
+                prefetch_ahead::<R>(p.add(320 + 512 * pair + 64 * t));
                 let v = load(p.add(320 + 512 * pair + 64 * t));
                 let lo = _mm512_and_si512(v, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
@@ -347,9 +362,9 @@ unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
     let ql = p.add(288 + 1024 * n + 512 * H + 256 * half);
     let qh = p.add(2336 + 512 * n + 256 * half);
     for t in 0..4 {
-        prefetch_ahead(ql.add(64 * t));
+        prefetch_ahead::<R>(ql.add(64 * t));
         if H == 0 {
-            prefetch_ahead(qh.add(64 * t));
+            prefetch_ahead::<R>(qh.add(64 * t));
         }
         let l = load(ql.add(64 * t));
         let h = load(qh.add(64 * t));
@@ -387,7 +402,7 @@ unsafe fn q6k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q6K.group_block_bytes());
-        prefetch_header(p, 288);
+        prefetch_header::<R>(p, 288);
         let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [_mm512_setzero_si512(); R];
         for n in 0..2 {
