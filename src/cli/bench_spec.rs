@@ -259,19 +259,17 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                 // Every run is a cold turn: an earlier run's draft K/V (which a later request
                 // with the same prompt takes over) would spare this one its draft catch-up.
                 engine.clear_caches().await;
-                let catch_up_before = engine.scheduler_stats().await.draft_catch_up_rows;
-                let before = engine.scheduler_stats().await.spec;
+                let before = engine.scheduler_stats().await;
                 let (usage, ids, text, wall) = run(&engine, req).await?;
                 if choice == SpecChoice::Off {
                     plain_text = Some(text);
                 }
-                let after = engine.scheduler_stats().await.spec;
+                let after = engine.scheduler_stats().await;
                 let tps = usage.completion_tokens.saturating_sub(1) as f64 * 1e3 / usage.decode_ms.max(1e-9);
                 let base = *plain_tps.get_or_insert(tps);
-                let stats = engine.scheduler_stats().await;
                 let row = json!({
                     "task": task.name,
-                    "draft_catch_up_rows": stats.draft_catch_up_rows - catch_up_before,
+                    "draft_catch_up_rows": after.draft_catch_up_rows - before.draft_catch_up_rows,
                     "speculative": speculative,
                     "drafters": match choice {
                         SpecChoice::Off => Vec::new(),
@@ -285,8 +283,8 @@ pub fn bench_spec(args: BenchSpecArgs) -> Result<()> {
                     "wall_s": wall,
                     "drafted": usage.draft_tokens,
                     "accepted": usage.accepted_draft_tokens,
-                    "spec": diff(&after, &before),
-                    "draft_model_pauses": stats.draft_model_pauses,
+                    "spec": diff(&after.spec, &before.spec),
+                    "draft_model_pauses": after.draft_model_pauses,
                     "output_hash": format!("{:x}", ids.iter().fold(0xcbf29ce484222325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100000001b3))),
                 });
                 if !args.json {

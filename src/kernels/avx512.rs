@@ -230,7 +230,7 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
 /// 16-bit shifts carry nothing across bytes into bit 4).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn q5_0_weights<const R: usize>(p: *const u8, hb: __m512i, t: usize) -> (__m512i, __m512i) {
+unsafe fn q5_0_weights(p: *const u8, hb: __m512i, t: usize) -> (__m512i, __m512i) {
     let m4 = _mm512_set1_epi8(0x0F);
     let m10 = _mm512_set1_epi8(0x10);
     let v = load(p.add(32 + 64 * t));
@@ -262,7 +262,7 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
         }
         let hb = load(p.add(288));
         for t in 0..4 {
-            let (low, high) = q5_0_weights::<R>(p, hb, t);
+            let (low, high) = q5_0_weights(p, hb, t);
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
                 low_sum[i] = _mm512_dpbusd_epi32(low_sum[i], low, bcast4(x));

@@ -27,6 +27,16 @@ impl<'a> TokenHistory<'a> {
         Self { prompt, generated }
     }
 
+    /// The prompt tokens the penalties of `params` read at this step: the repetition penalty's
+    /// window of them (presence and frequency penalties read only the generated tokens).
+    pub fn prompt_read_by(&self, params: &SamplingParams) -> &'a [u32] {
+        if params.repetition_penalty == 1.0 {
+            &[]
+        } else {
+            self.recent(params.repetition_window).0
+        }
+    }
+
     /// The last `window` tokens of prompt followed by generated (all of them when 0), as the
     /// part from the prompt and the part from the generated tokens.
     fn recent(&self, window: u32) -> (&'a [u32], &'a [u32]) {

@@ -500,13 +500,8 @@ impl SchedulerActor {
         let sampler = std::mem::replace(&mut a.sub.sampler, stand_in);
         let params = sampler.params();
         let (prompt, generated) = a.seq.tokens.split_at(a.seq.num_prompt);
-        // Only the repetition penalty reads the prompt, and only its window's worth of it (a
-        // shorter prompt gives the same window), so a long prompt is not copied every token.
-        let prompt = match (params.repetition_penalty != 1.0, params.repetition_window) {
-            (false, _) => &[][..],
-            (true, 0) => prompt,
-            (true, w) => &prompt[prompt.len().saturating_sub(w as usize)..],
-        };
+        // Only what the penalties read at this step, so a long prompt is not copied every token.
+        let prompt = TokenHistory::new(prompt, generated).prompt_read_by(params);
         let (tokens, num_prompt) = if params.reads_history() {
             ([prompt, generated].concat(), prompt.len())
         } else {

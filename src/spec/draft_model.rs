@@ -131,7 +131,6 @@ impl DraftWorker {
         let mut catch_up_budget = MAX_CATCH_UP_ROWS;
         for (i, ask) in asks.iter().enumerate() {
             let before = catch_up_budget;
-            let prompt_before = num_prompt_catch_up_rows;
             match self.prepare(
                 i,
                 ask,
@@ -144,7 +143,6 @@ impl DraftWorker {
                 Err(e) => results[i].refused = Some(Refusal::Pool(e)),
             }
             num_catch_up_rows += before - catch_up_budget;
-            debug_assert!(num_prompt_catch_up_rows - prompt_before <= before - catch_up_budget);
         }
         let mut done = Vec::new();
         let mut num_forwards = 0;

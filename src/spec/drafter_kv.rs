@@ -45,8 +45,9 @@ pub struct DraftReply {
     /// One per ask, in order.
     pub results: Vec<Drafted>,
     pub num_forwards: usize,
-    /// Rows computed to bring sequences far behind up to date (a new prompt): a one-off cost
-    /// per turn that says nothing about what drafting costs per token.
+    /// Rows computed to bring sequences far behind up to date (a new prompt, or a long stretch
+    /// committed while this drafter was not drafting): they say nothing about what one draft
+    /// forward costs.
     pub num_catch_up_rows: usize,
     /// Of those, the rows of prompt positions: the turn's one-off catch-up. The rest caught up
     /// on tokens committed while this drafter was not drafting (paused, or another drafter's
@@ -156,11 +157,10 @@ impl<X: Default> DrafterCache<X> {
 
     /// Before `key` (holding nothing yet) starts on `tokens`: takes over the leftover whose
     /// K/V shares the longest run of leading tokens with them, when that covers at least a
-    /// page. Returns how many tokens the taken-over K/V holds (it is truncated by the caller
-    /// to what matches).
-    pub fn adopt_leftover(&mut self, key: &DraftKey, tokens: &[u32]) -> usize {
+    /// page. The caller truncates the taken-over K/V to what matches, as for its own.
+    pub fn adopt_leftover(&mut self, key: &DraftKey, tokens: &[u32]) {
         if self.seqs.get(key).is_some_and(|s| !s.tokens.is_empty()) {
-            return 0;
+            return;
         }
         let best = self
             .seqs
@@ -168,23 +168,17 @@ impl<X: Default> DrafterCache<X> {
             .filter(|(k, s)| s.leftover && *k != key)
             .map(|(k, s)| (common_prefix(&s.tokens, tokens), k))
             .max_by_key(|(n, _)| *n);
-        let Some((n, donor)) = best else { return 0 };
+        let Some((n, donor)) = best else { return };
         if n < self.pool.page_size() {
-            return 0;
+            return;
         }
         let donor = donor.clone();
         let mut entry = self.seqs.remove(&donor).expect("found above");
         entry.leftover = false;
         entry.last_used = self.clock;
-        let sampler = self.seqs.remove(key).and_then(|old| {
-            let mut old = old;
-            let _ = old.table.release(&mut self.pool);
-            old.sampler
-        });
-        entry.sampler = sampler;
-        let held = entry.tokens.len();
+        entry.sampler = self.seqs.get_mut(key).and_then(|s| s.sampler.take());
+        self.remove(key);
         self.seqs.insert(key.clone(), entry);
-        held
     }
 
     /// Drops the K/V of every key with no turn in progress.
