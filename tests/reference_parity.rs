@@ -6,7 +6,7 @@
 mod common;
 
 use common::pulled_model;
-use mtpx::kv::KvDtype;
+use mtpx::kv::KvDtype::{self, F16, F32};
 use mtpx::model::weights::WeightFormat;
 use mtpx::model::ModelBundle;
 use mtpx::runner::{argmax, SingleSequence};
@@ -94,7 +94,15 @@ fn read_npy_f32(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
 /// biases, tied output). With the production `Quantized` weights, activations are rounded to
 /// 8 bits for the integer dot products exactly as llama.cpp does, which moves logits by up to a
 /// few tenths and flips near-ties; that path gets a looser bound and its figures are reported.
-fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, max_delta: f32) {
+/// With an f16 K/V cache the attention takes the serving default path for it (bf16 products on
+/// CPUs with AVX-512 BF16), checked the same way with its own bound.
+fn teacher_forced_parity(
+    name: &str,
+    format: WeightFormat,
+    kv: KvDtype,
+    min_agreement: f64,
+    max_delta: f32,
+) {
     let path = pulled_model(name);
     let bundle = ModelBundle::load_as(&path, format).unwrap();
     let mut tokens = bundle.encode(TEXT).unwrap();
@@ -102,7 +110,7 @@ fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, m
     assert_eq!(tokens.len(), 256);
     let vocab = bundle.transformer.config.vocab_size;
 
-    let mut seq = SingleSequence::new(&bundle.transformer, 256, 16, KvDtype::F32);
+    let mut seq = SingleSequence::new(&bundle.transformer, 256, 16, kv);
     let ours = seq.append(&tokens, 64, true).unwrap();
     let (shape, reference) = read_npy_f32(&run_reference(&path, &tokens, &["--mode", "logits"]));
     assert_eq!(shape, vec![256, vocab]);
@@ -118,7 +126,8 @@ fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, m
         }
     }
     let agreement = agree as f64 / 256.0;
-    println!("{name} {format:?}: top-1 agreement {agreement:.4}, max |Δlogit| {worst:.4}");
+    let path = mtpx::kv::AttentionPath::for_kv(kv);
+    println!("{name} {format:?} {kv:?} K/V, attention {path:?}: top-1 agreement {agreement:.4}, max |Δlogit| {worst:.4}");
     assert!(
         agreement >= min_agreement,
         "{name}: top-1 agreement {agreement}"
@@ -128,14 +137,33 @@ fn teacher_forced_parity(name: &str, format: WeightFormat, min_agreement: f64, m
 
 #[test]
 fn smollm2_matches_the_numpy_reference_teacher_forced() {
-    teacher_forced_parity("smollm2-135m", WeightFormat::Dequantized, 0.99, 0.01);
-    teacher_forced_parity("smollm2-135m", WeightFormat::Quantized, 0.95, 5.0);
+    teacher_forced_parity("smollm2-135m", WeightFormat::Dequantized, F32, 0.99, 0.01);
+    teacher_forced_parity("smollm2-135m", WeightFormat::Quantized, F32, 0.95, 5.0);
 }
 
 #[test]
 fn qwen_coder_0_5b_matches_the_numpy_reference_teacher_forced() {
-    teacher_forced_parity("qwen2.5-coder-0.5b", WeightFormat::Dequantized, 0.99, 0.01);
-    teacher_forced_parity("qwen2.5-coder-0.5b", WeightFormat::Quantized, 0.95, 3.0);
+    teacher_forced_parity(
+        "qwen2.5-coder-0.5b",
+        WeightFormat::Dequantized,
+        F32,
+        0.99,
+        0.01,
+    );
+    teacher_forced_parity(
+        "qwen2.5-coder-0.5b",
+        WeightFormat::Dequantized,
+        F16,
+        0.98,
+        0.5,
+    );
+    teacher_forced_parity(
+        "qwen2.5-coder-0.5b",
+        WeightFormat::Quantized,
+        F32,
+        0.95,
+        3.0,
+    );
 }
 
 #[test]

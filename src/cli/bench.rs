@@ -112,6 +112,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "model": path.display().to_string(),
         "threads": rayon::current_num_threads(),
         "kv_dtype": format!("{dtype:?}").to_lowercase(),
+        "kernels": format!("{:?}", crate::kernels::Dispatch::active()).to_lowercase(),
+        "attention": crate::kv::AttentionPath::for_kv(dtype).name(),
     });
 
     let next;
@@ -201,6 +203,12 @@ fn print_table(r: &serde_json::Value) {
         r["model"].as_str().unwrap_or("?")
     );
     println!("threads                    {}", r["threads"]);
+    println!(
+        "kernels, attention         {}, {} ({} K/V)",
+        r["kernels"].as_str().unwrap_or("?"),
+        r["attention"].as_str().unwrap_or("?"),
+        r["kv_dtype"].as_str().unwrap_or("?")
+    );
     if has("prefill_tokens") {
         println!(
             "prefill ({} tok)          {} tok/s",

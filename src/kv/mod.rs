@@ -10,7 +10,9 @@ pub mod prefix_cache;
 pub mod storage;
 pub mod table;
 
-pub use attention::{paged_attention, paged_attention_with, AttentionRow, AttentionShape};
+pub use attention::{
+    paged_attention, paged_attention_with, AttentionPath, AttentionRow, AttentionShape,
+};
 pub use pool::{PageId, PagePool, PoolStats};
 pub use storage::{HeadRows, KvDtype, KvKind, KvShape, KvStorage, PageCopy};
 pub use table::PageTable;
