@@ -292,6 +292,16 @@ fn the_wide_output_projection_matches_on_every_path() {
     }
 }
 
+/// On AArch64 (tests/run.sh runs this file under qemu-aarch64) the comparisons above cover the
+/// NEON kernels only if the path is detected: a detection failure must not pass as "Scalar
+/// agrees with itself".
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_is_detected_and_best_on_aarch64() {
+    assert!(Dispatch::supported().contains(&Dispatch::Neon));
+    assert_eq!(Dispatch::best(), Dispatch::Neon);
+}
+
 #[test]
 fn unsupported_formats_are_named() {
     let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
