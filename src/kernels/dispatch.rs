@@ -17,6 +17,8 @@ pub enum Dispatch {
     Avx512,
     /// AArch64 baseline NEON (`smull`/`smlal` + pairwise adds).
     Neon,
+    /// AArch64 NEON + dotprod (`sdot` dot products).
+    NeonDot,
 }
 
 /// 0 = no override; otherwise `Dispatch::code()`.
@@ -24,11 +26,12 @@ static FORCED: AtomicU8 = AtomicU8::new(0);
 
 impl Dispatch {
     /// All paths; among those of one architecture, slowest first.
-    pub const ALL: [Dispatch; 4] = [
+    pub const ALL: [Dispatch; 5] = [
         Dispatch::Scalar,
         Dispatch::Avx2,
         Dispatch::Avx512,
         Dispatch::Neon,
+        Dispatch::NeonDot,
     ];
 
     /// Whether this CPU can run the path.
@@ -38,6 +41,7 @@ impl Dispatch {
             Dispatch::Avx2 => has_avx2(),
             Dispatch::Avx512 => has_avx512(),
             Dispatch::Neon => has_neon(),
+            Dispatch::NeonDot => has_neon_dot(),
         }
     }
 
@@ -70,13 +74,14 @@ impl Dispatch {
         Ok(())
     }
 
-    /// Parses `scalar`, `avx2`, `avx512` or `neon` (the `MTPX_KERNEL` values).
+    /// Parses `scalar`, `avx2`, `avx512`, `neon` or `neondot` (the `MTPX_KERNEL` values).
     pub fn parse(name: &str) -> Option<Dispatch> {
         match name.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Dispatch::Scalar),
             "avx2" => Some(Dispatch::Avx2),
             "avx512" => Some(Dispatch::Avx512),
             "neon" => Some(Dispatch::Neon),
+            "neondot" => Some(Dispatch::NeonDot),
             _ => None,
         }
     }
@@ -87,6 +92,7 @@ impl Dispatch {
             Dispatch::Avx2 => 2,
             Dispatch::Avx512 => 3,
             Dispatch::Neon => 4,
+            Dispatch::NeonDot => 5,
         }
     }
 
@@ -95,6 +101,7 @@ impl Dispatch {
             2 => Dispatch::Avx2,
             3 => Dispatch::Avx512,
             4 => Dispatch::Neon,
+            5 => Dispatch::NeonDot,
             _ => Dispatch::Scalar,
         }
     }
@@ -116,7 +123,7 @@ fn from_env() -> Dispatch {
         }
         None => {
             eprintln!(
-                "MTPX_KERNEL={name}: expected scalar, avx2, avx512 or neon; using the best path"
+                "MTPX_KERNEL={name}: expected scalar, avx2, avx512, neon or neondot; using the best path"
             );
             Dispatch::best()
         }
@@ -154,8 +161,18 @@ fn has_neon() -> bool {
     std::arch::is_aarch64_feature_detected!("neon")
 }
 
+#[cfg(target_arch = "aarch64")]
+fn has_neon_dot() -> bool {
+    has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
 #[cfg(not(target_arch = "aarch64"))]
 fn has_neon() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn has_neon_dot() -> bool {
     false
 }
 
@@ -168,6 +185,7 @@ mod tests {
         assert_eq!(Dispatch::parse("AVX512"), Some(Dispatch::Avx512));
         assert_eq!(Dispatch::parse(" scalar "), Some(Dispatch::Scalar));
         assert_eq!(Dispatch::parse("Neon"), Some(Dispatch::Neon));
+        assert_eq!(Dispatch::parse("neondot"), Some(Dispatch::NeonDot));
         assert_eq!(Dispatch::parse("sve"), None);
     }
 
@@ -185,14 +203,17 @@ mod tests {
     }
 
     /// The paths of the other architecture must never be offered (their kernels are not even
-    /// compiled in), and NEON is the best path wherever it exists.
+    /// compiled in), and a NEON path is the best one wherever NEON exists.
     #[test]
     fn only_this_architectures_paths_are_supported() {
         if cfg!(target_arch = "aarch64") {
             assert!(!Dispatch::Avx2.is_supported() && !Dispatch::Avx512.is_supported());
-            assert_eq!(Dispatch::best(), Dispatch::Neon);
+            assert!(matches!(
+                Dispatch::best(),
+                Dispatch::Neon | Dispatch::NeonDot
+            ));
         } else {
-            assert!(!Dispatch::Neon.is_supported());
+            assert!(!Dispatch::Neon.is_supported() && !Dispatch::NeonDot.is_supported());
         }
     }
 }

@@ -286,6 +286,12 @@ fn kernel_q8(format: Format, path: Dispatch) -> Kernel<ActQ8> {
         #[cfg(target_arch = "x86_64")]
         (Format::Q4_1, Dispatch::Avx2) => avx2::q4_1,
         #[cfg(target_arch = "aarch64")]
+        (Format::Q8_0, Dispatch::NeonDot) => neon::q8_0_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q4_1, Dispatch::NeonDot) => neon::q4_1_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q5_0, Dispatch::NeonDot) => neon::q5_0_dot,
+        #[cfg(target_arch = "aarch64")]
         (Format::Q8_0, Dispatch::Neon) => neon::q8_0,
         #[cfg(target_arch = "aarch64")]
         (Format::Q4_1, Dispatch::Neon) => neon::q4_1,
@@ -308,6 +314,10 @@ fn kernel_q8k(format: Format, path: Dispatch) -> Kernel<ActQ8K> {
         #[cfg(target_arch = "x86_64")]
         (Format::Q6K, Dispatch::Avx2) => avx2::q6k,
         #[cfg(target_arch = "aarch64")]
+        (Format::Q4K, Dispatch::NeonDot) => neon::q4k_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q6K, Dispatch::NeonDot) => neon::q6k_dot,
+        #[cfg(target_arch = "aarch64")]
         (Format::Q4K, Dispatch::Neon) => neon::q4k,
         #[cfg(target_arch = "aarch64")]
         (Format::Q6K, Dispatch::Neon) => neon::q6k,
@@ -326,10 +336,11 @@ fn kernel_float(format: Format, path: Dispatch) -> Kernel<f32> {
         (Format::F16, Dispatch::Avx2) => avx2::f16,
         #[cfg(target_arch = "x86_64")]
         (Format::F32, Dispatch::Avx2) => avx2::f32,
+        // Float weights take no integer dot products: both NEON paths share these.
         #[cfg(target_arch = "aarch64")]
-        (Format::F16, Dispatch::Neon) => neon::f16,
+        (Format::F16, Dispatch::Neon | Dispatch::NeonDot) => neon::f16,
         #[cfg(target_arch = "aarch64")]
-        (Format::F32, Dispatch::Neon) => neon::f32,
+        (Format::F32, Dispatch::Neon | Dispatch::NeonDot) => neon::f32,
         (Format::F16, _) => scalar::f16,
         _ => scalar::f32,
     }
