@@ -292,6 +292,20 @@ fn the_wide_output_projection_matches_on_every_path() {
     }
 }
 
+/// The comparisons above cover a SIMD path only if it is detected: a detection failure must not
+/// pass as "Scalar agrees with itself". `tests/run.sh` names the best path it expects from the
+/// (emulated) CPU in `MTPX_EXPECT_BEST_KERNEL`.
+#[test]
+fn the_expected_paths_are_detected() {
+    if let Ok(name) = std::env::var("MTPX_EXPECT_BEST_KERNEL") {
+        let expected = Dispatch::parse(&name).expect("MTPX_EXPECT_BEST_KERNEL names a path");
+        assert_eq!(Dispatch::best(), expected);
+    }
+    if cfg!(target_arch = "aarch64") {
+        assert!(Dispatch::supported().contains(&Dispatch::Neon));
+    }
+}
+
 #[test]
 fn unsupported_formats_are_named() {
     let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();

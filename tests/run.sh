@@ -8,6 +8,9 @@
 #   3. cargo build --release;
 #   4. the CI models via `mtpx pull` (cached in $MTPX_HOME/models, verified by sha256);
 #   5. cargo test --release, with MTPX_PYTHON pointing at the venv's python.
+#   5b. the matmul kernel tests cross-compiled for aarch64 and run under qemu-aarch64, so the
+#      NEON kernels are checked against scalar too (apt-get install gcc-aarch64-linux-gnu
+#      libc6-dev-arm64-cross qemu-user, rustup target add aarch64-unknown-linux-gnu);
 #   6. the openai-SDK suite (tests/python) and the playground in headless Chromium
 #      (apt-get install chromium, npm ci in tests/browser: playwright-core).
 set -euo pipefail
@@ -79,6 +82,50 @@ done
 step "cargo test --release"
 export MTPX_PYTHON="$ROOT/.venv/bin/python"
 cargo test --release "$@"
+
+step "NEON kernels under qemu-aarch64 (tests/kernels.rs and the kernels unit tests)"
+# Only correctness can be checked this way; emulated timings say nothing about ARM hardware.
+AARCH64=aarch64-unknown-linux-gnu
+AARCH64_SYSROOT=/usr/aarch64-linux-gnu
+AARCH64_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null \
+    || [ ! -e "$AARCH64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        as_root=()
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        as_root=(sudo)
+    else
+        fail "the aarch64 cross linker or qemu-aarch64 is missing and this user cannot install them (on Debian: sudo apt-get install ${AARCH64_PACKAGES[*]})"
+    fi
+    command -v apt-get >/dev/null || fail "apt-get not found: install ${AARCH64_PACKAGES[*]} (or your distribution's equivalents)"
+    "${as_root[@]}" apt-get update -qq \
+        && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${AARCH64_PACKAGES[@]}" \
+        || fail "apt-get install ${AARCH64_PACKAGES[*]} failed"
+fi
+# Without rustup, the standard library for aarch64 must come from elsewhere; cargo says so if not.
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$AARCH64"; then
+    rustup target add "$AARCH64" || fail "rustup target add $AARCH64 failed"
+fi
+# Set here rather than in .cargo/config.toml, which also serves native builds on ARM machines
+# (see the comment there). The lib test binary builds alongside tests/kernels.rs in one cargo
+# run, then both are run; `kernels::` also selects sampling::kernels' tests, which is harmless.
+# qemu's `max` CPU has dotprod, so both NEON paths are compared with scalar; a Cortex-A53 (no
+# dotprod) then checks that detection falls back to plain NEON. MTPX_EXPECT_BEST_KERNEL makes
+# tests/kernels.rs fail if detection does not find the path named.
+# Nearly all of this step's time is building the crate and its dependencies for aarch64 (about
+# 12 CPU-minutes); the emulated tests take about 30 s.
+# (`&&`: errexit does not apply inside a subshell on the left of `||`.)
+(
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $AARCH64_SYSROOT"
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-cpu=generic"
+    xtest=(cargo test --release --target "$AARCH64")
+    "${xtest[@]}" --no-run --lib --test kernels \
+        && QEMU_CPU=max MTPX_EXPECT_BEST_KERNEL=neondot "${xtest[@]}" --test kernels \
+        && QEMU_CPU=max "${xtest[@]}" --lib kernels:: \
+        && QEMU_CPU=cortex-a53 MTPX_EXPECT_BEST_KERNEL=neon \
+            "${xtest[@]}" --test kernels the_expected_paths_are_detected
+) || fail "the NEON kernel tests under qemu-aarch64 failed"
 
 step "openai SDK against mtpx serve (tests/python)"
 MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q tests/python

@@ -15,14 +15,24 @@ pub enum Dispatch {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL + VNNI (`vpdpbusd` dot products).
     Avx512,
+    /// AArch64 baseline NEON (`smull`/`smlal` + pairwise adds).
+    Neon,
+    /// AArch64 NEON + dotprod (`sdot` dot products).
+    NeonDot,
 }
 
 /// 0 = no override; otherwise `Dispatch::code()`.
 static FORCED: AtomicU8 = AtomicU8::new(0);
 
 impl Dispatch {
-    /// All paths, slowest first.
-    pub const ALL: [Dispatch; 3] = [Dispatch::Scalar, Dispatch::Avx2, Dispatch::Avx512];
+    /// All paths; among those of one architecture, slowest first.
+    pub const ALL: [Dispatch; 5] = [
+        Dispatch::Scalar,
+        Dispatch::Avx2,
+        Dispatch::Avx512,
+        Dispatch::Neon,
+        Dispatch::NeonDot,
+    ];
 
     /// Whether this CPU can run the path.
     pub fn is_supported(self) -> bool {
@@ -30,6 +40,8 @@ impl Dispatch {
             Dispatch::Scalar => true,
             Dispatch::Avx2 => has_avx2(),
             Dispatch::Avx512 => has_avx512(),
+            Dispatch::Neon => has_neon(),
+            Dispatch::NeonDot => has_neon_dot(),
         }
     }
 
@@ -62,12 +74,14 @@ impl Dispatch {
         Ok(())
     }
 
-    /// Parses `scalar`, `avx2` or `avx512` (the `MTPX_KERNEL` values).
+    /// Parses `scalar`, `avx2`, `avx512`, `neon` or `neondot` (the `MTPX_KERNEL` values).
     pub fn parse(name: &str) -> Option<Dispatch> {
         match name.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Dispatch::Scalar),
             "avx2" => Some(Dispatch::Avx2),
             "avx512" => Some(Dispatch::Avx512),
+            "neon" => Some(Dispatch::Neon),
+            "neondot" => Some(Dispatch::NeonDot),
             _ => None,
         }
     }
@@ -77,6 +91,8 @@ impl Dispatch {
             Dispatch::Scalar => 1,
             Dispatch::Avx2 => 2,
             Dispatch::Avx512 => 3,
+            Dispatch::Neon => 4,
+            Dispatch::NeonDot => 5,
         }
     }
 
@@ -84,6 +100,8 @@ impl Dispatch {
         match code {
             2 => Dispatch::Avx2,
             3 => Dispatch::Avx512,
+            4 => Dispatch::Neon,
+            5 => Dispatch::NeonDot,
             _ => Dispatch::Scalar,
         }
     }
@@ -104,7 +122,9 @@ fn from_env() -> Dispatch {
             Dispatch::best()
         }
         None => {
-            eprintln!("MTPX_KERNEL={name}: expected scalar, avx2 or avx512; using the best path");
+            eprintln!(
+                "MTPX_KERNEL={name}: expected scalar, avx2, avx512, neon or neondot; using the best path"
+            );
             Dispatch::best()
         }
     }
@@ -136,6 +156,26 @@ fn has_avx512() -> bool {
     false
 }
 
+#[cfg(target_arch = "aarch64")]
+fn has_neon() -> bool {
+    std::arch::is_aarch64_feature_detected!("neon")
+}
+
+#[cfg(target_arch = "aarch64")]
+fn has_neon_dot() -> bool {
+    has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn has_neon() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn has_neon_dot() -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,12 +184,36 @@ mod tests {
     fn parses_the_env_names() {
         assert_eq!(Dispatch::parse("AVX512"), Some(Dispatch::Avx512));
         assert_eq!(Dispatch::parse(" scalar "), Some(Dispatch::Scalar));
-        assert_eq!(Dispatch::parse("neon"), None);
+        assert_eq!(Dispatch::parse("Neon"), Some(Dispatch::Neon));
+        assert_eq!(Dispatch::parse("neondot"), Some(Dispatch::NeonDot));
+        assert_eq!(Dispatch::parse("sve"), None);
     }
 
     #[test]
     fn scalar_is_always_supported_and_best_is_supported() {
         assert!(Dispatch::Scalar.is_supported());
         assert!(Dispatch::best().is_supported());
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for d in Dispatch::ALL {
+            assert_eq!(Dispatch::from_code(d.code()), d);
+        }
+    }
+
+    /// The paths of the other architecture must never be offered (their kernels are not even
+    /// compiled in), and a NEON path is the best one wherever NEON exists.
+    #[test]
+    fn only_this_architectures_paths_are_supported() {
+        if cfg!(target_arch = "aarch64") {
+            assert!(!Dispatch::Avx2.is_supported() && !Dispatch::Avx512.is_supported());
+            assert!(matches!(
+                Dispatch::best(),
+                Dispatch::Neon | Dispatch::NeonDot
+            ));
+        } else {
+            assert!(!Dispatch::Neon.is_supported() && !Dispatch::NeonDot.is_supported());
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! CPU matmul kernels for GGUF-quantised weights: `out = x · Wᵀ` for 1 to thousands of rows.
 //!
 //! This module owns the packed weight layout (`layout`), activation quantisation (`act`) and the
-//! per-instruction-set kernels (`scalar`, `avx2`, `avx512`), chosen at run time (`dispatch`).
+//! per-instruction-set kernels (`scalar`, `avx2`, `avx512`, `neon`), chosen at run time
+//! (`dispatch`).
 //! It depends only on external crates and never touches model, KV or scheduler state.
 //!
 //! How a call runs: the activations are quantised to int8 once (per 32 weights, or per 256 for
@@ -26,6 +27,8 @@ mod avx512;
 mod dispatch;
 mod layout;
 pub mod math;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod scalar;
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -282,6 +285,18 @@ fn kernel_q8(format: Format, path: Dispatch) -> Kernel<ActQ8> {
         (Format::Q5_0, Dispatch::Avx2) => avx2::q5_0,
         #[cfg(target_arch = "x86_64")]
         (Format::Q4_1, Dispatch::Avx2) => avx2::q4_1,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q8_0, Dispatch::NeonDot) => neon::q8_0_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q4_1, Dispatch::NeonDot) => neon::q4_1_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q5_0, Dispatch::NeonDot) => neon::q5_0_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q8_0, Dispatch::Neon) => neon::q8_0,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q4_1, Dispatch::Neon) => neon::q4_1,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q5_0, Dispatch::Neon) => neon::q5_0,
         (Format::Q4_1, _) => scalar::q4_1,
         (Format::Q5_0, _) => scalar::q5_0,
         _ => scalar::q8_0,
@@ -298,6 +313,14 @@ fn kernel_q8k(format: Format, path: Dispatch) -> Kernel<ActQ8K> {
         (Format::Q4K, Dispatch::Avx2) => avx2::q4k,
         #[cfg(target_arch = "x86_64")]
         (Format::Q6K, Dispatch::Avx2) => avx2::q6k,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q4K, Dispatch::NeonDot) => neon::q4k_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q6K, Dispatch::NeonDot) => neon::q6k_dot,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q4K, Dispatch::Neon) => neon::q4k,
+        #[cfg(target_arch = "aarch64")]
+        (Format::Q6K, Dispatch::Neon) => neon::q6k,
         (Format::Q6K, _) => scalar::q6k,
         _ => scalar::q4k,
     }
@@ -313,6 +336,11 @@ fn kernel_float(format: Format, path: Dispatch) -> Kernel<f32> {
         (Format::F16, Dispatch::Avx2) => avx2::f16,
         #[cfg(target_arch = "x86_64")]
         (Format::F32, Dispatch::Avx2) => avx2::f32,
+        // Float weights take no integer dot products: both NEON paths share these.
+        #[cfg(target_arch = "aarch64")]
+        (Format::F16, Dispatch::Neon | Dispatch::NeonDot) => neon::f16,
+        #[cfg(target_arch = "aarch64")]
+        (Format::F32, Dispatch::Neon | Dispatch::NeonDot) => neon::f32,
         (Format::F16, _) => scalar::f16,
         _ => scalar::f32,
     }
