@@ -359,7 +359,8 @@ fn plan_tasks(
 struct Context<'a> {
     /// The f32 kernels' path (decoding, scores, and the rest unless `bf16`).
     path: Dispatch,
-    /// Softmax and weighted values with the bf16 kernels.
+    /// Softmax and weighted values with the bf16 kernels (x86-64 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     bf16: bool,
     q: &'a [f32],
     rows: &'a [AttentionRow],
@@ -388,7 +389,9 @@ struct Scratch {
     /// Keys of the current block each lane sees.
     visible: Vec<usize>,
     /// The bf16 path's operands: V pairs `[keys / 2][hdp]`, softmax weights `[lane][bs]`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     v2: Vec<u32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     p16: Vec<u16>,
     /// The running fold of the task's segments: max, sum, `[lane][hdp]` output.
     fold_max: Vec<f32>,
