@@ -105,22 +105,6 @@ fn live(visible: usize, j: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-/// Dispatches a run-time lane count to a kernel instantiated for it.
-macro_rules! by_lanes {
-    ($lanes:expr, $f:ident :: <_, $c:tt>($($arg:expr),*)) => {
-        match $lanes {
-            1 => $f::<1, $c>($($arg),*),
-            2 => $f::<2, $c>($($arg),*),
-            3 => $f::<3, $c>($($arg),*),
-            4 => $f::<4, $c>($($arg),*),
-            5 => $f::<5, $c>($($arg),*),
-            6 => $f::<6, $c>($($arg),*),
-            7 => $f::<7, $c>($($arg),*),
-            _ => $f::<8, $c>($($arg),*),
-        }
-    };
-}
-
 /// `o[l * o_stride + d] += Σ_{p < pairs} w[l][p] · v[p][d]` (bf16 pairs) for `lanes` lanes (`w`
 /// rows `w_stride` bf16 apart) and `d < o_stride` (a multiple of 16; `v` rows `o_stride` pairs
 /// apart).

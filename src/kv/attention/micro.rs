@@ -368,22 +368,6 @@ mod avx512 {
         }
     }
 
-    /// Dispatches a run-time lane count to a kernel instantiated for it.
-    macro_rules! by_lanes {
-        ($lanes:expr, $f:ident :: <_, $c:tt>($($arg:expr),*)) => {
-            match $lanes {
-                1 => $f::<1, $c>($($arg),*),
-                2 => $f::<2, $c>($($arg),*),
-                3 => $f::<3, $c>($($arg),*),
-                4 => $f::<4, $c>($($arg),*),
-                5 => $f::<5, $c>($($arg),*),
-                6 => $f::<6, $c>($($arg),*),
-                7 => $f::<7, $c>($($arg),*),
-                _ => $f::<8, $c>($($arg),*),
-            }
-        };
-    }
-
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn scores(
@@ -538,7 +522,7 @@ mod avx2 {
 
     const LANES: usize = 4;
 
-    macro_rules! by_lanes {
+    macro_rules! by_lanes4 {
         ($lanes:expr, $f:ident ($($arg:expr),*)) => {
             match $lanes {
                 1 => $f::<1>($($arg),*),
@@ -567,7 +551,7 @@ mod avx2 {
             let (q, s) = (q.add(l0 * q_stride), s.add(l0 * s_stride));
             for j in (0..keys).step_by(16) {
                 let n = (lanes - l0).min(LANES);
-                by_lanes!(
+                by_lanes4!(
                     n,
                     scores_tile(
                         q,
@@ -626,7 +610,7 @@ mod avx2 {
             let (p, o) = (p.add(l0 * p_stride), o.add(l0 * o_stride));
             for d in (0..o_stride).step_by(16) {
                 let n = (lanes - l0).min(LANES);
-                by_lanes!(
+                by_lanes4!(
                     n,
                     accumulate_tile(p, p_stride, v.add(d), o_stride, keys, o.add(d))
                 );

@@ -26,6 +26,24 @@
 //! fixed, a row's output is bit-for-bit the same whatever else is in the batch and however many
 //! threads the plan is for: a verify row equals the decode row it replaces.
 
+/// Dispatches a run-time lane count (1 to 8) to a kernel instantiated for it: the AVX-512
+/// microkernels (`micro`, `bf16`) take up to 8 lanes.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_lanes {
+    ($lanes:expr, $f:ident :: <_, $c:tt>($($arg:expr),*)) => {
+        match $lanes {
+            1 => $f::<1, $c>($($arg),*),
+            2 => $f::<2, $c>($($arg),*),
+            3 => $f::<3, $c>($($arg),*),
+            4 => $f::<4, $c>($($arg),*),
+            5 => $f::<5, $c>($($arg),*),
+            6 => $f::<6, $c>($($arg),*),
+            7 => $f::<7, $c>($($arg),*),
+            _ => $f::<8, $c>($($arg),*),
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod bf16;
 mod micro;
