@@ -76,8 +76,14 @@ try {
   const meta = await page.textContent(".msg.assistant .meta");
   if (!meta.startsWith("cancelled")) fail("the reply ended as: " + meta);
   await page.waitForFunction(() => document.getElementById("m_ttft").textContent.endsWith("ms"));
-  const stats = await (await fetch(url + "/v1/stats")).json();
-  if (stats.scheduler.num_running !== 0) fail("still running after stop: " + JSON.stringify(stats.scheduler));
+  // The server learns of the abort when the dropped stream reaches the scheduler (within a
+  // step of it), not when the page shows "cancelled": poll, with a deadline.
+  let stats;
+  for (const deadline = Date.now() + 5000; ; await new Promise((r) => setTimeout(r, 50))) {
+    stats = await (await fetch(url + "/v1/stats")).json();
+    if (stats.scheduler.num_running === 0 || Date.now() > deadline) break;
+  }
+  if (stats.scheduler.num_running !== 0) fail("still running 5 s after stop: " + JSON.stringify(stats.scheduler));
   // A greedy reply on the random model loops, so the n-gram drafter's drafts are accepted:
   // their text is tinted and the panel shows acceptance per draft depth.
   await page.click("#reset");
