@@ -158,6 +158,20 @@ impl HeadRows<'_> {
         }
     }
 
+    /// K: one slot's vector of the transposed block, `out[d]` for `d < head_dim`, decoded as
+    /// [`HeadRows::decode_columns`] decodes it.
+    pub fn column(&self, slot: usize, head_dim: usize, out: &mut [f32]) {
+        let page_size = self.len() / head_dim;
+        for (d, o) in out[..head_dim].iter_mut().enumerate() {
+            let at = d * page_size + slot;
+            *o = match self {
+                HeadRows::F16(src) => src[at].to_f32(),
+                HeadRows::F32(src) => src[at],
+                HeadRows::Q8 { values, scales } => values[at] as f32 * scales[slot],
+            };
+        }
+    }
+
     /// Asks the CPU to start loading the block into cache (no-op off x86-64).
     #[inline]
     pub fn prefetch(&self) {

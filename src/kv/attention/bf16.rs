@@ -1,18 +1,23 @@
-//! The weighted values of a block of attention with AVX-512 BF16 (`vdpbf16ps`): each
-//! instruction multiplies 16 pairs of bf16 values and adds both products to 16 f32 sums, twice
-//! the multiply-adds of an f32 FMA, at the cost of rounding the softmax weights and V to bf16 (8
-//! significant bits; the sums stay f32). The weights lie in [0, 1] and their rounding errors are
-//! independent, so the output moves by about 2^-9 of its size. The scores stay f32 (see
-//! `scores` in the parent module): there, rounding Q and K moves large logits too far.
+//! Both products of a block of attention with AVX-512 BF16 (`vdpbf16ps`): each instruction
+//! multiplies 16 pairs of bf16 values and adds both products to 16 f32 sums, twice the
+//! multiply-adds of an f32 FMA, at the cost of rounding the operands to bf16 (8 significant
+//! bits; the sums stay f32).
 //!
-//! `vdpbf16ps` pairs adjacent bf16 values, so the operands are stored as pairs along the keys
-//! being summed over: V is packed `[key / 2][d]` as (`v[key][d]`, `v[key + 1][d]`) pairs, and
-//! each lane's weights are a bf16 row whose pairs are broadcast.
+//! - Weighted values: the softmax weights lie in [0, 1] and their rounding errors are
+//!   independent, so the output moves by about 2^-9 of its size.
+//! - Scores: Q and K are rounded after K is centred on the block's first key (the parent
+//!   module's `bf16_scores` says why and adds that key's f32 dot product back as an offset).
+//!
+//! `vdpbf16ps` pairs adjacent bf16 values, so the operands are stored as pairs along the
+//! dimension being summed over: V is packed `[key / 2][d]` as (`v[key][d]`, `v[key + 1][d]`)
+//! pairs against each lane's bf16 weights, K `[d / 2][key]` as (`k[d][key]`, `k[d + 1][key]`)
+//! pairs against each lane's bf16 query; the lane's operand pairs are broadcast.
 //!
 //! A lane's arithmetic is the same whichever lanes share a call (weights past a lane's visible
 //! keys are exact zeros, so the keys another lane adds contribute nothing), which keeps rows
 //! bit-identical across batches.
 
+use crate::kv::storage::HeadRows;
 use std::arch::x86_64::*;
 
 /// Whether this CPU runs the kernels (AVX-512 F/BW and BF16).
@@ -52,50 +57,230 @@ pub unsafe fn pack_pairs(a: *const f32, b: *const f32, n: usize, out: *mut u32) 
     }
 }
 
-/// One lane's online-softmax step over a block, for the bf16 products: with
-/// `m = max(running_max, max(row[..visible]))`, writes `bf16(exp(row[j] - m))` to `out[j]` for
-/// `j < visible` and 0 up to `n` (a multiple of 16), and returns `(m, Σ exp(row[j] - m))` summed
-/// in f32. The exponential is a degree-4 polynomial of 2^f (relative error under 5e-5, far below
-/// the bf16 rounding of the weights that follows). `visible` must be at least 1.
+/// The scores' K operand straight from a page: `out[p * out_stride + j] = (bf16(k[2p][j] -
+/// r[2p]), bf16(k[2p + 1][j] - r[2p + 1]))` for `j < num_slots` and `p < head_dim / 2`, where
+/// `k[d][j]` is what [`HeadRows::decode_columns`] decodes (no f32 copy of the block is made).
 ///
 /// # Safety
-/// The CPU must support the kernels; `row` holds `visible` floats and `out` `n` values.
+/// The CPU must support the kernels; `head_dim` is even, `r` holds `head_dim` floats and `out`
+/// has room for every index above.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+pub unsafe fn key_pairs(
+    rows: &HeadRows,
+    num_slots: usize,
+    head_dim: usize,
+    r: *const f32,
+    out: *mut u32,
+    out_stride: usize,
+) {
+    let page_size = rows.len() / head_dim;
+    let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+    for j in (0..num_slots).step_by(16) {
+        let m = live(num_slots, j);
+        let at = |d: usize| d * page_size + j;
+        for p in 0..head_dim / 2 {
+            let (a, b) = match *rows {
+                HeadRows::F16(src) => {
+                    let src = src.as_ptr().cast::<u16>();
+                    let load =
+                        |d| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.add(at(d)).cast()));
+                    (load(2 * p), load(2 * p + 1))
+                }
+                HeadRows::F32(src) => {
+                    let load = |d| _mm512_maskz_loadu_ps(m, src.as_ptr().add(at(d)));
+                    (load(2 * p), load(2 * p + 1))
+                }
+                HeadRows::Q8 { values, scales } => {
+                    let scale = _mm512_maskz_loadu_ps(m, scales.as_ptr().add(j));
+                    let load = |d| {
+                        let q = _mm_maskz_loadu_epi8(m, values.as_ptr().add(at(d)).cast());
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
+                    };
+                    (load(2 * p), load(2 * p + 1))
+                }
+            };
+            let (ra, rb) = (
+                _mm512_set1_ps(*r.add(2 * p)),
+                _mm512_set1_ps(*r.add(2 * p + 1)),
+            );
+            let halves = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, rb), _mm512_sub_ps(a, ra));
+            let pairs =
+                _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves));
+            _mm512_mask_storeu_epi32(out.add(p * out_stride + j).cast(), m, pairs);
+        }
+    }
+}
+
+/// `out[i] = bf16(x[i])` for `i < n` (a multiple of 16): a query row whose adjacent elements
+/// are then the pairs the scores broadcast.
+///
+/// # Safety
+/// The CPU must support the kernels; `x` and `out` hold `n` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn to_bf16(x: *const f32, n: usize, out: *mut u16) {
+    for i in (0..n).step_by(16) {
+        let h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x.add(i)));
+        _mm256_storeu_si256(
+            out.add(i).cast(),
+            std::mem::transmute::<__m256bh, __m256i>(h),
+        );
+    }
+}
+
+/// `out[l] = Σ_{d < n} x[l · x_stride + d] · r[d]` in f32 for `l < lanes` (`n` a multiple of 16).
+///
+/// # Safety
+/// The CPU must support the kernels and every index above must be inside its buffer.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn dots(
+    x: *const f32,
+    x_stride: usize,
+    lanes: usize,
+    r: *const f32,
+    n: usize,
+    out: *mut f32,
+) {
+    for l in 0..lanes {
+        let row = x.add(l * x_stride);
+        let mut acc = _mm512_setzero_ps();
+        for d in (0..n).step_by(16) {
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(d)), _mm512_loadu_ps(r.add(d)), acc);
+        }
+        *out.add(l) = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/// `s[l · s_stride + j] = Σ_{p < pairs} q[l][p] · k[p][j]` (bf16 pairs, f32 sums) for `lanes`
+/// lanes (`q` rows `q_stride` bf16 apart, pairs adjacent) and `j < keys` (a multiple of 16; `k`
+/// rows `k_stride` pairs apart).
+///
+/// # Safety
+/// The CPU must support the kernels and every index above must be inside its buffer.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn scores(
+    q: *const u16,
+    q_stride: usize,
+    lanes: usize,
+    k: *const u32,
+    k_stride: usize,
+    pairs: usize,
+    keys: usize,
+    s: *mut f32,
+    s_stride: usize,
+) {
+    debug_assert!((1..=MAX_LANES).contains(&lanes) && keys.is_multiple_of(16));
+    let mut j = 0;
+    while j + 32 <= keys {
+        by_lanes!(
+            lanes,
+            scores_tile::<_, 2>(q, q_stride, k.add(j), k_stride, pairs, s.add(j), s_stride)
+        );
+        j += 32;
+    }
+    if j < keys {
+        by_lanes!(
+            lanes,
+            scores_tile::<_, 1>(q, q_stride, k.add(j), k_stride, pairs, s.add(j), s_stride)
+        );
+    }
+}
+
+/// `L` lanes × `16 · KC` keys, all accumulators in registers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn scores_tile<const L: usize, const KC: usize>(
+    q: *const u16,
+    q_stride: usize,
+    k: *const u32,
+    k_stride: usize,
+    pairs: usize,
+    s: *mut f32,
+    s_stride: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); KC]; L];
+    for p in 0..pairs {
+        let row = k.add(p * k_stride);
+        let mut x = [_mm512_setzero_si512(); KC];
+        for (c, x) in x.iter_mut().enumerate() {
+            *x = _mm512_loadu_si512(row.add(16 * c).cast());
+        }
+        for (l, acc) in acc.iter_mut().enumerate() {
+            let y = bcast_pair(q.add(l * q_stride + 2 * p));
+            for c in 0..KC {
+                acc[c] =
+                    _mm512_dpbf16_ps(acc[c], y, std::mem::transmute::<__m512i, __m512bh>(x[c]));
+            }
+        }
+    }
+    for (l, acc) in acc.iter().enumerate() {
+        for (c, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(s.add(l * s_stride + 16 * c), *acc);
+        }
+    }
+}
+
+/// One lane's online-softmax step over a block, for the bf16 products, with the lane's
+/// scores `offset + row[j]`: with `m = max(running_max, offset + max(row[..visible]))`, writes
+/// `bf16(exp(offset + row[j] - m))` to `out[j]` for `j < visible` and 0 up to `n` (a multiple
+/// of 16), and returns `(m, Σ exp(offset + row[j] - m))` summed in f32. The exponential is a
+/// degree-4 polynomial of 2^f (relative error under 5e-5, far below the bf16 rounding of the
+/// weights that follows). `visible` must be at least 1.
+///
+/// # Safety
+/// The CPU must support the kernels; `row` holds `n` finite floats and `out` `n` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn softmax_to_bf16(
     row: *const f32,
     visible: usize,
     n: usize,
+    offset: f32,
     running_max: f32,
     out: *mut u16,
 ) -> (f32, f32) {
+    // Whole vectors of visible keys take unmasked loads; only the last partial one is masked.
+    let full = visible / 16 * 16;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut mv = neg_inf;
-    for j in (0..visible).step_by(16) {
-        let x = _mm512_mask_loadu_ps(neg_inf, live(visible, j), row.add(j));
+    for j in (0..full).step_by(16) {
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(row.add(j)));
+    }
+    if full < visible {
+        let x = _mm512_mask_loadu_ps(neg_inf, live(visible, full), row.add(full));
         mv = _mm512_max_ps(mv, x);
     }
-    let m = running_max.max(_mm512_reduce_max_ps(mv));
-    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
-    let m_log2e = _mm512_set1_ps(m * std::f32::consts::LOG2_E);
-    let mut total = _mm512_setzero_ps();
-    for j in (0..n).step_by(16) {
-        let mask = live(visible, j);
-        // 2^t with t = (x - m)·log2(e) ≤ 0: 2^round(t) · 2^f, |f| ≤ 1/2.
-        let t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, row.add(j)), log2e, m_log2e);
-        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-        let f = _mm512_sub_ps(t, k);
-        let mut poly = _mm512_set1_ps(9.618_129e-3);
-        for c in [5.550_411e-2, 0.240_226_5, std::f32::consts::LN_2, 1.0] {
-            poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(c));
+    let m = running_max.max(offset + _mm512_reduce_max_ps(mv));
+    let m_log2e = _mm512_set1_ps((m - offset) * std::f32::consts::LOG2_E);
+    // Two sums, so that the additions of consecutive vectors do not wait on each other.
+    let mut totals = [_mm512_setzero_ps(); 2];
+    for (i, j) in (0..n).step_by(16).enumerate() {
+        let mut e = exp_below(_mm512_loadu_ps(row.add(j)), m_log2e);
+        if j >= full {
+            e = _mm512_maskz_mov_ps(live(visible, j), e);
         }
-        let e = _mm512_maskz_scalef_ps(mask, poly, k);
-        total = _mm512_add_ps(total, e);
+        totals[i % 2] = _mm512_add_ps(totals[i % 2], e);
         _mm256_storeu_si256(
             out.add(j).cast(),
             std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)),
         );
     }
-    (m, _mm512_reduce_add_ps(total))
+    (m, _mm512_reduce_add_ps(_mm512_add_ps(totals[0], totals[1])))
+}
+
+/// `exp(x - m)` from `m_log2e = m · log2(e)`, for `x` up to `m` (larger `x` give larger
+/// values, never NaN; keys past a lane's visible ones may hold any finite score).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_below(x: __m512, m_log2e: __m512) -> __m512 {
+    // 2^t with t = x·log2(e) - m·log2(e): 2^round(t) · 2^f, |f| ≤ 1/2.
+    let t = _mm512_fmsub_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), m_log2e);
+    let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let f = _mm512_sub_ps(t, k);
+    let mut poly = _mm512_set1_ps(9.618_129e-3);
+    for c in [5.550_411e-2, 0.240_226_5, std::f32::consts::LN_2, 1.0] {
+        poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(poly, k)
 }
 
 /// Mask of the lanes of the 16 starting at `j` that are below `visible`.
@@ -210,7 +395,7 @@ mod tests {
         for (lane, visible) in [(0, 6), (1, 5)] {
             let row = &scores[lane * n..];
             let out = w[lane * n..].as_mut_ptr();
-            let (m, sum) = unsafe { softmax_to_bf16(row.as_ptr(), visible, n, -1.0, out) };
+            let (m, sum) = unsafe { softmax_to_bf16(row.as_ptr(), visible, n, 0.0, -1.0, out) };
             let want_m = row[..visible].iter().fold(-1f32, |a, &b| a.max(b));
             assert_eq!(m, want_m);
             let want: Vec<f64> = row[..visible]

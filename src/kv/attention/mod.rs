@@ -13,8 +13,8 @@
 //! against the block are one small register-blocked matmul (lanes × `head_dim` times
 //! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
 //! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
-//! On CPUs with AVX-512 BF16 that second product can take bf16 dot products ([`AttentionPath`]);
-//! the scores always stay f32.
+//! On CPUs with AVX-512 BF16 both products can take bf16 dot products ([`AttentionPath`]); the
+//! scores then use keys centred on the block's first key (see [`bf16_scores`]).
 //!
 //! Keys are grouped in segments of [`SEGMENT_KEYS`] absolute positions: the online softmax
 //! restarts at each segment, and the segments' states (max, sum, unnormalised output) are
@@ -61,9 +61,10 @@ use std::sync::OnceLock;
 pub enum AttentionPath {
     /// f32 multiply-adds on an instruction-set path.
     F32(Dispatch),
-    /// f32 scores (AVX-512), then weighted values with AVX-512 BF16 dot products: the softmax
-    /// weights and V rounded to bf16 (8 significant bits), sums in f32; twice the multiply-adds
-    /// per instruction for that half of the work.
+    /// Both products with AVX-512 BF16 dot products (twice the multiply-adds of an f32 FMA per
+    /// instruction): the scores from Q and block-centred K rounded to bf16 (8 significant bits)
+    /// plus an f32 dot product with the block's first key, the weighted values from softmax
+    /// weights and V rounded to bf16; every sum in f32.
     Bf16,
 }
 
@@ -406,11 +407,21 @@ struct Scratch {
     sum: Vec<f32>,
     /// Keys of the current block each lane sees.
     visible: Vec<usize>,
-    /// The bf16 path's operands: V pairs `[keys / 2][hdp]`, softmax weights `[lane][bs]`.
+    /// The bf16 path's operands: V pairs `[keys / 2][hdp]`, softmax weights `[lane][bs]`,
+    /// centred K pairs `[head_dim / 2][bs]`, the scaled queries `[lane][hdp]`, the block's first
+    /// key `[hdp]` and each lane's dot product with it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     v2: Vec<u32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     p16: Vec<u16>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    kt2: Vec<u32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    q16: Vec<u16>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    kref: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    offset: Vec<f32>,
     /// The running fold of the task's segments: max, sum, `[lane][hdp]` output.
     fold_max: Vec<f32>,
     fold_sum: Vec<f32>,
@@ -454,8 +465,15 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     s.visible.resize(lanes, 0);
     #[cfg(target_arch = "x86_64")]
     if ctx.bf16 {
+        assert!(hd.is_multiple_of(2), "the bf16 path pairs head dimensions");
         s.v2.resize(bk.div_ceil(2) * hdp, 0);
         s.p16.resize(lanes * bs, 0);
+        s.kt2.resize(hd / 2 * bs, 0);
+        s.q16.resize(lanes * hdp, 0);
+        // SAFETY: the path was checked; both buffers hold `lanes * hdp` values.
+        unsafe { bf16::to_bf16(s.q.as_ptr(), lanes * hdp, s.q16.as_mut_ptr()) };
+        s.kref.resize(hdp, 0.0);
+        s.offset.resize(lanes, 0.0);
     }
 
     // The running fold of this task's segments (unsplit tasks only).
@@ -563,6 +581,12 @@ fn attend_block(
     let table = ctx.page_tables[task_rows[0].seq];
     let kv = ctx.kv;
 
+    // The bf16 scores centre K on the block's first key (see `bf16_scores`).
+    #[cfg(target_arch = "x86_64")]
+    if ctx.bf16 {
+        kv.head_rows(table[kb / page_size], ctx.layer, KvKind::Key, task.kv_head)
+            .column(0, hd, &mut s.kref);
+    }
     // Decode the block's pages.
     let mut j = 0;
     while j < nk {
@@ -571,6 +595,15 @@ fn attend_block(
         let page = table[pos / page_size];
         let n = page_size.min(nk - j);
         let keys = kv.head_rows(page, ctx.layer, KvKind::Key, task.kv_head);
+        #[cfg(target_arch = "x86_64")]
+        if ctx.bf16 {
+            let out = s.kt2[j..].as_mut_ptr();
+            // SAFETY: the path was checked; `kt2` holds `head_dim / 2` rows of `bs >= nk` pairs.
+            unsafe { bf16::key_pairs(&keys, n, hd, s.kref.as_ptr(), out, bs) };
+        } else {
+            micro::decode_columns(ctx.path, &keys, n, hd, &mut s.kt[j..], bs);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         micro::decode_columns(ctx.path, &keys, n, hd, &mut s.kt[j..], bs);
         kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head)
             .decode_rows(n, hd, &mut s.v[j * hdp..], hdp);
@@ -591,14 +624,16 @@ fn attend_block(
         s.visible[r * group..(r + 1) * group].fill(visible);
     }
 
-    scores(ctx.path, s, lanes, hd, hdp, bs);
-
     #[cfg(target_arch = "x86_64")]
     if ctx.bf16 {
         // SAFETY: the caller checked the path; `attend_task` sized the scratch for this task.
-        unsafe { bf16_weighted_values(s, lanes, nk, hdp, bs) };
+        unsafe {
+            bf16_scores(s, lanes, hd, hdp, bs);
+            bf16_weighted_values(s, lanes, nk, hdp, bs);
+        }
         return;
     }
+    scores(ctx.path, s, lanes, hd, hdp, bs);
 
     // Online softmax, once per lane per block.
     for lane in 0..lanes {
@@ -627,8 +662,7 @@ fn attend_block(
 }
 
 /// Every lane's scores against the block, lane chunk by lane chunk, only as far as the chunk
-/// sees. (Always f32: rounding Q and K to bf16 moved Qwen2.5-Coder-0.5B's logits by up to 0.77
-/// against 0.06 for f16 K/V alone, and flipped 3 of 256 greedy tokens.)
+/// sees.
 fn scores(path: Dispatch, s: &mut Scratch, lanes: usize, hd: usize, hdp: usize, bs: usize) {
     for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], LANE_CHUNK) {
         micro::scores(
@@ -662,7 +696,12 @@ fn seeing_chunks(
 /// `block_sum` (its weights' sum at `new_max`) and rescaling the lane's output.
 #[inline]
 fn advance_lane(s: &mut Scratch, lane: usize, new_max: f32, block_sum: f32, hdp: usize) {
-    let correction = exp_nonpositive(s.max[lane] - new_max);
+    // Deep in a context the max rarely moves: skip the exponential (exp(0) is exactly 1).
+    let correction = if s.max[lane] == new_max {
+        1.0
+    } else {
+        exp_nonpositive(s.max[lane] - new_max)
+    };
     if correction != 1.0 {
         s.o[lane * hdp..(lane + 1) * hdp]
             .iter_mut()
@@ -670,6 +709,43 @@ fn advance_lane(s: &mut Scratch, lane: usize, new_max: f32, block_sum: f32, hdp:
     }
     s.sum[lane] = s.sum[lane] * correction + block_sum;
     s.max[lane] = new_max;
+}
+
+/// Every lane's scores against the block with the bf16 kernels, as `offset[lane] + s[lane][j]`:
+/// `offset` is the lane's f32 dot product with the block's first key `r` (which every lane that
+/// sees the block sees), `s` the bf16 dot product with `k - r`. Softmax does not change when a
+/// lane's scores shift together, but rounding does: Qwen2.5's keys carry large components that
+/// vary slowly with position, and rounding Q and raw K to bf16 moved Qwen2.5-Coder-0.5B's logits
+/// by up to 0.76 and flipped 3 of 256 greedy tokens; centred, the keys are small and the same
+/// test moves logits by 0.17, with one top-1 token of 256 different, where the reference's top
+/// two are 0.007 apart (f16 K/V with f32 scores: 0.08, none). `r` is a fixed key of the block,
+/// so a row's arithmetic does not depend on the batch.
+///
+/// # Safety
+/// As [`bf16_weighted_values`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn bf16_scores(s: &mut Scratch, lanes: usize, hd: usize, hdp: usize, bs: usize) {
+    bf16::dots(
+        s.q.as_ptr(),
+        hdp,
+        lanes,
+        s.kref.as_ptr(),
+        hdp,
+        s.offset.as_mut_ptr(),
+    );
+    for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
+        bf16::scores(
+            s.q16[l0 * hdp..].as_ptr(),
+            hdp,
+            l1 - l0,
+            s.kt2.as_ptr(),
+            bs,
+            hd / 2,
+            keys.next_multiple_of(16),
+            s.s[l0 * bs..].as_mut_ptr(),
+            bs,
+        );
+    }
 }
 
 /// A block's softmax and weighted values with the bf16 kernels, from the scores and the f32 V
@@ -696,7 +772,8 @@ unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: us
             continue;
         }
         let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
-        let (new_max, block_sum) = bf16::softmax_to_bf16(row, visible, keys16, s.max[lane], out);
+        let (new_max, block_sum) =
+            bf16::softmax_to_bf16(row, visible, keys16, s.offset[lane], s.max[lane], out);
         advance_lane(s, lane, new_max, block_sum, hdp);
     }
     for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
