@@ -17,6 +17,7 @@
 //! keys are exact zeros, so the keys another lane adds contribute nothing), which keeps rows
 //! bit-identical across batches.
 
+use crate::kernels::math::exp_nonpositive;
 use crate::kv::storage::HeadRows;
 use std::arch::x86_64::*;
 
@@ -111,6 +112,51 @@ pub unsafe fn key_pairs(
     }
 }
 
+/// The weighted values' V operand straight from a page: `out[i * out_stride + d] =
+/// (bf16(v[2i][d]), bf16(v[2i + 1][d]))` for `2i < num_slots` and `d < head_dim`, where
+/// `v[slot][d]` is what [`HeadRows::decode_rows`] decodes and a last odd slot pairs with 0.
+///
+/// # Safety
+/// The CPU must support the kernels; `out` has room for every index above.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+pub unsafe fn value_pairs(
+    rows: &HeadRows,
+    num_slots: usize,
+    head_dim: usize,
+    out: *mut u32,
+    out_stride: usize,
+) {
+    let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+    for i in 0..num_slots.div_ceil(2) {
+        let (a, b) = (2 * i, 2 * i + 1);
+        for d in (0..head_dim).step_by(16) {
+            let m = live(head_dim, d);
+            let load = |slot: usize| {
+                if slot >= num_slots {
+                    return _mm512_setzero_ps();
+                }
+                let at = slot * head_dim + d;
+                match *rows {
+                    HeadRows::F16(src) => {
+                        let src = src.as_ptr().cast::<u16>().add(at);
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.cast()))
+                    }
+                    HeadRows::F32(src) => _mm512_maskz_loadu_ps(m, src.as_ptr().add(at)),
+                    HeadRows::Q8 { values, scales } => {
+                        let q = _mm_maskz_loadu_epi8(m, values.as_ptr().add(at).cast());
+                        let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+                        _mm512_mul_ps(x, _mm512_set1_ps(scales[slot]))
+                    }
+                }
+            };
+            let halves = _mm512_cvtne2ps_pbh(load(b), load(a));
+            let pairs =
+                _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves));
+            _mm512_mask_storeu_epi32(out.add(i * out_stride + d).cast(), m, pairs);
+        }
+    }
+}
+
 /// `out[i] = bf16(x[i])` for `i < n` (a multiple of 16): a query row whose adjacent elements
 /// are then the pairs the scores broadcast.
 ///
@@ -127,32 +173,40 @@ pub unsafe fn to_bf16(x: *const f32, n: usize, out: *mut u16) {
     }
 }
 
-/// `out[l] = Σ_{d < n} x[l · x_stride + d] · r[d]` in f32 for `l < lanes` (`n` a multiple of 16).
+/// `out[l] = Σ_{d < n} qt[d · qt_stride + l] · r[d]` in f32 for `l < lanes`, from queries
+/// stored transposed (`qt_stride` a multiple of 16 and at least `lanes`; `out` holds
+/// `lanes` rounded up to 16), 16 lanes per vector. Each lane's sum runs in the same order
+/// whichever lanes share its vector.
 ///
 /// # Safety
 /// The CPU must support the kernels and every index above must be inside its buffer.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn dots(
-    x: *const f32,
-    x_stride: usize,
+pub unsafe fn offsets(
+    qt: *const f32,
+    qt_stride: usize,
     lanes: usize,
     r: *const f32,
     n: usize,
     out: *mut f32,
 ) {
-    for l in 0..lanes {
-        let row = x.add(l * x_stride);
-        let mut acc = _mm512_setzero_ps();
-        for d in (0..n).step_by(16) {
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(d)), _mm512_loadu_ps(r.add(d)), acc);
+    for l in (0..lanes).step_by(16) {
+        // Four partial sums (by d mod 4) so that consecutive multiply-adds do not wait on
+        // each other.
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for d in 0..n {
+            let q = _mm512_loadu_ps(qt.add(d * qt_stride + l));
+            acc[d % 4] = _mm512_fmadd_ps(q, _mm512_set1_ps(*r.add(d)), acc[d % 4]);
         }
-        *out.add(l) = _mm512_reduce_add_ps(acc);
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        _mm512_storeu_ps(out.add(l), sum);
     }
 }
 
 /// `s[l · s_stride + j] = Σ_{p < pairs} q[l][p] · k[p][j]` (bf16 pairs, f32 sums) for `lanes`
 /// lanes (`q` rows `q_stride` bf16 apart, pairs adjacent) and `j < keys` (a multiple of 16; `k`
-/// rows `k_stride` pairs apart).
+/// rows `k_stride` pairs apart). On the way, each lane's 16 running maxima `maxima[l][..16]`
+/// take in the scores of the keys it sees (`j < visible[l]`), so that the softmax needs no
+/// pass of its own to find them.
 ///
 /// # Safety
 /// The CPU must support the kernels and every index above must be inside its buffer.
@@ -168,25 +222,41 @@ pub unsafe fn scores(
     keys: usize,
     s: *mut f32,
     s_stride: usize,
+    visible: *const usize,
+    maxima: *mut f32,
 ) {
     debug_assert!((1..=MAX_LANES).contains(&lanes) && keys.is_multiple_of(16));
+    let out = Out {
+        s,
+        s_stride,
+        visible,
+        maxima,
+    };
     let mut j = 0;
     while j + 32 <= keys {
         by_lanes!(
             lanes,
-            scores_tile::<_, 2>(q, q_stride, k.add(j), k_stride, pairs, s.add(j), s_stride)
+            scores_tile::<_, 2>(q, q_stride, k.add(j), k_stride, pairs, j, &out)
         );
         j += 32;
     }
     if j < keys {
         by_lanes!(
             lanes,
-            scores_tile::<_, 1>(q, q_stride, k.add(j), k_stride, pairs, s.add(j), s_stride)
+            scores_tile::<_, 1>(q, q_stride, k.add(j), k_stride, pairs, j, &out)
         );
     }
 }
 
-/// `L` lanes × `16 · KC` keys, all accumulators in registers.
+/// Where [`scores`] writes.
+struct Out {
+    s: *mut f32,
+    s_stride: usize,
+    visible: *const usize,
+    maxima: *mut f32,
+}
+
+/// `L` lanes × `16 · KC` keys from key `j`, all accumulators in registers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn scores_tile<const L: usize, const KC: usize>(
@@ -195,8 +265,8 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
     k: *const u32,
     k_stride: usize,
     pairs: usize,
-    s: *mut f32,
-    s_stride: usize,
+    j: usize,
+    out: &Out,
 ) {
     let mut acc = [[_mm512_setzero_ps(); KC]; L];
     for p in 0..pairs {
@@ -214,18 +284,24 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
         }
     }
     for (l, acc) in acc.iter().enumerate() {
+        let maxima = out.maxima.add(16 * l);
+        let visible = *out.visible.add(l);
+        let mut mv = _mm512_loadu_ps(maxima);
         for (c, acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(s.add(l * s_stride + 16 * c), *acc);
+            _mm512_storeu_ps(out.s.add(l * out.s_stride + j + 16 * c), *acc);
+            mv = _mm512_mask_max_ps(mv, live(visible, j + 16 * c), mv, *acc);
         }
+        _mm512_storeu_ps(maxima, mv);
     }
 }
 
 /// One lane's online-softmax step over a block, for the bf16 products, with the lane's
-/// scores `offset + row[j]`: with `m = max(running_max, offset + max(row[..visible]))`, writes
-/// `bf16(exp(offset + row[j] - m))` to `out[j]` for `j < visible` and 0 up to `n` (a multiple
-/// of 16), and returns `(m, Σ exp(offset + row[j] - m))` summed in f32. The exponential is a
-/// degree-4 polynomial of 2^f (relative error under 5e-5, far below the bf16 rounding of the
-/// weights that follows). `visible` must be at least 1.
+/// scores `offset + row[j]` and `row_max = max(row[..visible])`: with
+/// `m = max(running_max, offset + row_max)`, writes `bf16(exp(offset + row[j] - m))` to `out[j]`
+/// for `j < visible` and 0 up to `n` (a multiple of 16), and returns `m` and the 16 partial
+/// sums of `exp(offset + row[j] - m)` in f32. The exponential is a degree-4 polynomial of 2^f
+/// (relative error under 5e-5, far below the bf16 rounding of the weights that follows).
+/// `visible` must be at least 1.
 ///
 /// # Safety
 /// The CPU must support the kernels; `row` holds `n` finite floats and `out` `n` values.
@@ -234,22 +310,14 @@ pub unsafe fn softmax_to_bf16(
     row: *const f32,
     visible: usize,
     n: usize,
+    row_max: f32,
     offset: f32,
     running_max: f32,
     out: *mut u16,
-) -> (f32, f32) {
-    // Whole vectors of visible keys take unmasked loads; only the last partial one is masked.
+) -> (f32, __m512) {
+    // Whole vectors of visible keys need no mask; only the last partial one does.
     let full = visible / 16 * 16;
-    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut mv = neg_inf;
-    for j in (0..full).step_by(16) {
-        mv = _mm512_max_ps(mv, _mm512_loadu_ps(row.add(j)));
-    }
-    if full < visible {
-        let x = _mm512_mask_loadu_ps(neg_inf, live(visible, full), row.add(full));
-        mv = _mm512_max_ps(mv, x);
-    }
-    let m = running_max.max(offset + _mm512_reduce_max_ps(mv));
+    let m = running_max.max(offset + row_max);
     let m_log2e = _mm512_set1_ps((m - offset) * std::f32::consts::LOG2_E);
     // Two sums, so that the additions of consecutive vectors do not wait on each other.
     let mut totals = [_mm512_setzero_ps(); 2];
@@ -264,7 +332,53 @@ pub unsafe fn softmax_to_bf16(
             std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)),
         );
     }
-    (m, _mm512_reduce_add_ps(_mm512_add_ps(totals[0], totals[1])))
+    (m, _mm512_add_ps(totals[0], totals[1]))
+}
+
+/// A lane's whole online-softmax step on the bf16 path, from the 16 running maxima [`scores`]
+/// kept (`maxima`): [`softmax_to_bf16`], then the lane's
+/// state moves to the new max — its unnormalised output `o` (`hdp` floats) and its running sum,
+/// kept as 16 partial sums `sums` (reduced once per segment, not once per block), are rescaled
+/// by `exp(max - new_max)` and the block's sums added.
+///
+/// # Safety
+/// As [`softmax_to_bf16`]; `o` holds `hdp` floats (a multiple of 16), `maxima` and `sums` 16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn softmax_lane(
+    row: *const f32,
+    visible: usize,
+    n: usize,
+    maxima: *const f32,
+    offset: f32,
+    max: &mut f32,
+    sums: *mut f32,
+    o: *mut f32,
+    hdp: usize,
+    out: *mut u16,
+) {
+    let row_max = _mm512_reduce_max_ps(_mm512_loadu_ps(maxima));
+    let (new_max, block_sums) = softmax_to_bf16(row, visible, n, row_max, offset, *max, out);
+    // Deep in a context the max rarely moves: skip the exponential and the rescaling.
+    let mut total = _mm512_loadu_ps(sums);
+    if *max != new_max {
+        let c = _mm512_set1_ps(exp_nonpositive(*max - new_max));
+        total = _mm512_mul_ps(total, c);
+        for d in (0..hdp).step_by(16) {
+            _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), c));
+        }
+        *max = new_max;
+    }
+    _mm512_storeu_ps(sums, _mm512_add_ps(total, block_sums));
+}
+
+/// The sum of a lane's 16 partial sums.
+///
+/// # Safety
+/// The CPU must support the kernels; `sums` holds 16 floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn reduce_sums(sums: *const f32) -> f32 {
+    _mm512_reduce_add_ps(_mm512_loadu_ps(sums))
 }
 
 /// `exp(x - m)` from `m_log2e = m · log2(e)`, for `x` up to `m` (larger `x` give larger
@@ -395,7 +509,13 @@ mod tests {
         for (lane, visible) in [(0, 6), (1, 5)] {
             let row = &scores[lane * n..];
             let out = w[lane * n..].as_mut_ptr();
-            let (m, sum) = unsafe { softmax_to_bf16(row.as_ptr(), visible, n, 0.0, -1.0, out) };
+            let row_max = row[..visible]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            let (m, sums) =
+                unsafe { softmax_to_bf16(row.as_ptr(), visible, n, row_max, 0.0, -1.0, out) };
+            let sum = unsafe { _mm512_reduce_add_ps(sums) };
             let want_m = row[..visible].iter().fold(-1f32, |a, &b| a.max(b));
             assert_eq!(m, want_m);
             let want: Vec<f64> = row[..visible]

@@ -408,8 +408,10 @@ struct Scratch {
     /// Keys of the current block each lane sees.
     visible: Vec<usize>,
     /// The bf16 path's operands: V pairs `[keys / 2][hdp]`, softmax weights `[lane][bs]`,
-    /// centred K pairs `[head_dim / 2][bs]`, the scaled queries `[lane][hdp]`, the block's first
-    /// key `[hdp]` and each lane's dot product with it.
+    /// centred K pairs `[head_dim / 2][bs]`, the scaled queries in bf16 `[lane][hdp]` and in
+    /// f32 transposed `[head_dim][lanes16]` (`lanes16`: lanes rounded up to 16), the block's
+    /// first key `[hdp]`, each lane's dot product with it `[lanes16]`, each lane's running sum
+    /// as 16 partial sums `[lane][16]` and its block's 16 partial maxima `[lane][16]`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     v2: Vec<u32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -421,7 +423,13 @@ struct Scratch {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kref: Vec<f32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    qt: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     offset: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    sums: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    maxima: Vec<f32>,
     /// The running fold of the task's segments: max, sum, `[lane][hdp]` output.
     fold_max: Vec<f32>,
     fold_sum: Vec<f32>,
@@ -472,8 +480,16 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         s.q16.resize(lanes * hdp, 0);
         // SAFETY: the path was checked; both buffers hold `lanes * hdp` values.
         unsafe { bf16::to_bf16(s.q.as_ptr(), lanes * hdp, s.q16.as_mut_ptr()) };
+        let lanes16 = lanes.next_multiple_of(16);
+        s.qt.clear();
+        s.qt.resize(hd * lanes16, 0.0);
+        for lane in 0..lanes {
+            for d in 0..hd {
+                s.qt[d * lanes16 + lane] = s.q[lane * hdp + d];
+            }
+        }
         s.kref.resize(hdp, 0.0);
-        s.offset.resize(lanes, 0.0);
+        s.offset.resize(lanes16, 0.0);
     }
 
     // The running fold of this task's segments (unsplit tasks only).
@@ -489,9 +505,18 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         s.max.resize(lanes, f32::NEG_INFINITY);
         s.sum.clear();
         s.sum.resize(lanes, 0.0);
+        s.sums.clear();
+        s.sums.resize(lanes * 16, 0.0);
         let end = (first + segment).min(key_end);
         for kb in (first..end).step_by(bk) {
             attend_block(ctx, task, s, kb, bk.min(end - kb), key_end);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if ctx.bf16 {
+            for lane in 0..lanes {
+                // SAFETY: the path was checked; `sums` holds 16 floats a lane.
+                s.sum[lane] = unsafe { bf16::reduce_sums(s.sums[lane * 16..].as_ptr()) };
+            }
         }
         match task.partial {
             None => {
@@ -605,8 +630,16 @@ fn attend_block(
         }
         #[cfg(not(target_arch = "x86_64"))]
         micro::decode_columns(ctx.path, &keys, n, hd, &mut s.kt[j..], bs);
-        kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head)
-            .decode_rows(n, hd, &mut s.v[j * hdp..], hdp);
+        let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
+        #[cfg(target_arch = "x86_64")]
+        if ctx.bf16 && page_size.is_multiple_of(2) {
+            let out = s.v2[j / 2 * hdp..].as_mut_ptr();
+            // SAFETY: the path was checked; `v2` holds `bk / 2` rows of `hdp` pairs.
+            unsafe { bf16::value_pairs(&values, n, hd, out, hdp) };
+            j += n;
+            continue;
+        }
+        values.decode_rows(n, hd, &mut s.v[j * hdp..], hdp);
         j += n;
     }
     // Let the next block's pages stream in while this one is computed.
@@ -629,6 +662,10 @@ fn attend_block(
         // SAFETY: the caller checked the path; `attend_task` sized the scratch for this task.
         unsafe {
             bf16_scores(s, lanes, hd, hdp, bs);
+            if !page_size.is_multiple_of(2) {
+                // Pairs of keys straddle pages: V was decoded to f32 and is packed here.
+                pack_values(s, nk, hdp);
+            }
             bf16_weighted_values(s, lanes, nk, hdp, bs);
         }
         return;
@@ -725,14 +762,11 @@ fn advance_lane(s: &mut Scratch, lane: usize, new_max: f32, block_sum: f32, hdp:
 /// As [`bf16_weighted_values`].
 #[cfg(target_arch = "x86_64")]
 unsafe fn bf16_scores(s: &mut Scratch, lanes: usize, hd: usize, hdp: usize, bs: usize) {
-    bf16::dots(
-        s.q.as_ptr(),
-        hdp,
-        lanes,
-        s.kref.as_ptr(),
-        hdp,
-        s.offset.as_mut_ptr(),
-    );
+    let lanes16 = lanes.next_multiple_of(16);
+    let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
+    bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
+    s.maxima.clear();
+    s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
     for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
         bf16::scores(
             s.q16[l0 * hdp..].as_ptr(),
@@ -744,18 +778,18 @@ unsafe fn bf16_scores(s: &mut Scratch, lanes: usize, hd: usize, hdp: usize, bs: 
             keys.next_multiple_of(16),
             s.s[l0 * bs..].as_mut_ptr(),
             bs,
+            s.visible[l0..].as_ptr(),
+            s.maxima[l0 * 16..].as_mut_ptr(),
         );
     }
 }
 
-/// A block's softmax and weighted values with the bf16 kernels, from the scores and the f32 V
-/// the block's pages were decoded into.
+/// Packs the block's f32 V rows into the bf16 pairs of keys the weighted values take.
 ///
 /// # Safety
-/// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
-/// it for `lanes` lanes.
+/// As [`bf16_weighted_values`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: usize, bs: usize) {
+unsafe fn pack_values(s: &mut Scratch, nk: usize, hdp: usize) {
     for p in 0..nk.div_ceil(2) {
         let (a, b) = (
             s.v[2 * p * hdp..].as_ptr(),
@@ -763,6 +797,16 @@ unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: us
         );
         bf16::pack_pairs(a, b, hdp, s.v2[p * hdp..].as_mut_ptr());
     }
+}
+
+/// A block's softmax and weighted values with the bf16 kernels, from the scores and V's bf16
+/// pairs.
+///
+/// # Safety
+/// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
+/// it for `lanes` lanes.
+#[cfg(target_arch = "x86_64")]
+unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: usize, bs: usize) {
     let keys16 = nk.next_multiple_of(16);
     for lane in 0..lanes {
         let visible = s.visible[lane];
@@ -772,9 +816,13 @@ unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: us
             continue;
         }
         let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
-        let (new_max, block_sum) =
-            bf16::softmax_to_bf16(row, visible, keys16, s.offset[lane], s.max[lane], out);
-        advance_lane(s, lane, new_max, block_sum, hdp);
+        let (sums, o) = (
+            s.sums[lane * 16..].as_mut_ptr(),
+            s.o[lane * hdp..].as_mut_ptr(),
+        );
+        let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
+        let offset = s.offset[lane];
+        bf16::softmax_lane(row, visible, keys16, maxima, offset, max, sums, o, hdp, out);
     }
     for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
         bf16::accumulate(
