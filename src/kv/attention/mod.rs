@@ -14,7 +14,7 @@
 //! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
 //! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
 //! On CPUs with AVX-512 BF16 both products can take bf16 dot products ([`AttentionPath`]); the
-//! scores then use keys centred on the block's first key (see [`bf16_scores`]).
+//! scores then use keys centred on the block's first key (see [`bf16_block`]).
 //!
 //! Keys are grouped in segments of [`SEGMENT_KEYS`] absolute positions: the online softmax
 //! restarts at each segment, and the segments' states (max, sum, unnormalised output) are
@@ -606,7 +606,7 @@ fn attend_block(
     let table = ctx.page_tables[task_rows[0].seq];
     let kv = ctx.kv;
 
-    // The bf16 scores centre K on the block's first key (see `bf16_scores`).
+    // The bf16 scores centre K on the block's first key (see `bf16_block`).
     #[cfg(target_arch = "x86_64")]
     if ctx.bf16 {
         kv.head_rows(table[kb / page_size], ctx.layer, KvKind::Key, task.kv_head)
@@ -661,12 +661,11 @@ fn attend_block(
     if ctx.bf16 {
         // SAFETY: the caller checked the path; `attend_task` sized the scratch for this task.
         unsafe {
-            bf16_scores(s, lanes, hd, hdp, bs);
             if !page_size.is_multiple_of(2) {
                 // Pairs of keys straddle pages: V was decoded to f32 and is packed here.
                 pack_values(s, nk, hdp);
             }
-            bf16_weighted_values(s, lanes, nk, hdp, bs);
+            bf16_block(s, lanes, nk, hd, hdp, bs);
         }
         return;
     }
@@ -748,25 +747,30 @@ fn advance_lane(s: &mut Scratch, lane: usize, new_max: f32, block_sum: f32, hdp:
     s.max[lane] = new_max;
 }
 
-/// Every lane's scores against the block with the bf16 kernels, as `offset[lane] + s[lane][j]`:
+/// A block on the bf16 path: every lane's scores, softmax step and weighted values. The scores
+/// are `offset[lane] + s[lane][j]`:
 /// `offset` is the lane's f32 dot product with the block's first key `r` (which every lane that
 /// sees the block sees), `s` the bf16 dot product with `k - r`. Softmax does not change when a
 /// lane's scores shift together, but rounding does: Qwen2.5's keys carry large components that
 /// vary slowly with position, and rounding Q and raw K to bf16 moved Qwen2.5-Coder-0.5B's logits
 /// by up to 0.76 and flipped 3 of 256 greedy tokens; centred, the keys are small and the same
-/// test moves logits by 0.17, with one top-1 token of 256 different, where the reference's top
+/// test moves logits by 0.15, with one top-1 token of 256 different, where the reference's top
 /// two are 0.007 apart (f16 K/V with f32 scores: 0.08, none). `r` is a fixed key of the block,
 /// so a row's arithmetic does not depend on the batch.
 ///
 /// # Safety
-/// As [`bf16_weighted_values`].
+/// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
+/// it for `lanes` lanes, with the block's K and V pairs in place.
 #[cfg(target_arch = "x86_64")]
-unsafe fn bf16_scores(s: &mut Scratch, lanes: usize, hd: usize, hdp: usize, bs: usize) {
+unsafe fn bf16_block(s: &mut Scratch, lanes: usize, nk: usize, hd: usize, hdp: usize, bs: usize) {
     let lanes16 = lanes.next_multiple_of(16);
     let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
     bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
     s.maxima.clear();
     s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
+    let keys16 = nk.next_multiple_of(16);
+    // Scores, softmax and weighted values chunk by chunk, so that a chunk's scores and weights
+    // are still in L1 when the next step reads them.
     for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
         bf16::scores(
             s.q16[l0 * hdp..].as_ptr(),
@@ -781,50 +785,22 @@ unsafe fn bf16_scores(s: &mut Scratch, lanes: usize, hd: usize, hdp: usize, bs: 
             s.visible[l0..].as_ptr(),
             s.maxima[l0 * 16..].as_mut_ptr(),
         );
-    }
-}
-
-/// Packs the block's f32 V rows into the bf16 pairs of keys the weighted values take.
-///
-/// # Safety
-/// As [`bf16_weighted_values`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn pack_values(s: &mut Scratch, nk: usize, hdp: usize) {
-    for p in 0..nk.div_ceil(2) {
-        let (a, b) = (
-            s.v[2 * p * hdp..].as_ptr(),
-            s.v[(2 * p + 1) * hdp..].as_ptr(),
-        );
-        bf16::pack_pairs(a, b, hdp, s.v2[p * hdp..].as_mut_ptr());
-    }
-}
-
-/// A block's softmax and weighted values with the bf16 kernels, from the scores and V's bf16
-/// pairs.
-///
-/// # Safety
-/// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
-/// it for `lanes` lanes.
-#[cfg(target_arch = "x86_64")]
-unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: usize, bs: usize) {
-    let keys16 = nk.next_multiple_of(16);
-    for lane in 0..lanes {
-        let visible = s.visible[lane];
-        if visible == 0 {
-            // Weights of zero: the lane may share an accumulate call with lanes that see keys.
-            s.p16[lane * bs..lane * bs + keys16].fill(0);
-            continue;
+        for lane in l0..l1 {
+            let visible = s.visible[lane];
+            if visible == 0 {
+                // Weights of zero: the lane shares the accumulate call with lanes that see keys.
+                s.p16[lane * bs..lane * bs + keys16].fill(0);
+                continue;
+            }
+            let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
+            let (sums, o) = (
+                s.sums[lane * 16..].as_mut_ptr(),
+                s.o[lane * hdp..].as_mut_ptr(),
+            );
+            let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
+            let offset = s.offset[lane];
+            bf16::softmax_lane(row, visible, keys16, maxima, offset, max, sums, o, hdp, out);
         }
-        let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
-        let (sums, o) = (
-            s.sums[lane * 16..].as_mut_ptr(),
-            s.o[lane * hdp..].as_mut_ptr(),
-        );
-        let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
-        let offset = s.offset[lane];
-        bf16::softmax_lane(row, visible, keys16, maxima, offset, max, sums, o, hdp, out);
-    }
-    for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
         bf16::accumulate(
             s.p16[l0 * bs..].as_ptr(),
             bs,
@@ -834,6 +810,21 @@ unsafe fn bf16_weighted_values(s: &mut Scratch, lanes: usize, nk: usize, hdp: us
             keys.div_ceil(2),
             s.o[l0 * hdp..].as_mut_ptr(),
         );
+    }
+}
+
+/// Packs the block's f32 V rows into the bf16 pairs of keys the weighted values take.
+///
+/// # Safety
+/// As [`bf16_block`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_values(s: &mut Scratch, nk: usize, hdp: usize) {
+    for p in 0..nk.div_ceil(2) {
+        let (a, b) = (
+            s.v[2 * p * hdp..].as_ptr(),
+            s.v[(2 * p + 1) * hdp..].as_ptr(),
+        );
+        bf16::pack_pairs(a, b, hdp, s.v2[p * hdp..].as_mut_ptr());
     }
 }
 
