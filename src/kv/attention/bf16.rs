@@ -269,20 +269,7 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
     out: &Out,
 ) {
     let mut acc = [[_mm512_setzero_ps(); KC]; L];
-    for p in 0..pairs {
-        let row = k.add(p * k_stride);
-        let mut x = [_mm512_setzero_si512(); KC];
-        for (c, x) in x.iter_mut().enumerate() {
-            *x = _mm512_loadu_si512(row.add(16 * c).cast());
-        }
-        for (l, acc) in acc.iter_mut().enumerate() {
-            let y = bcast_pair(q.add(l * q_stride + 2 * p));
-            for c in 0..KC {
-                acc[c] =
-                    _mm512_dpbf16_ps(acc[c], y, std::mem::transmute::<__m512i, __m512bh>(x[c]));
-            }
-        }
-    }
+    dot_pairs(&mut acc, q, q_stride, k, k_stride, pairs);
     for (l, acc) in acc.iter().enumerate() {
         let maxima = out.maxima.add(16 * l);
         let visible = *out.visible.add(l);
@@ -454,23 +441,39 @@ unsafe fn accumulate_tile<const L: usize, const DC: usize>(
             *acc = _mm512_loadu_ps(o.add(l * v_stride + 16 * c));
         }
     }
+    dot_pairs(&mut acc, w, w_stride, v, v_stride, pairs);
+    for (l, acc) in acc.iter().enumerate() {
+        for (c, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(l * v_stride + 16 * c), *acc);
+        }
+    }
+}
+
+/// The register-blocked core of both products: `acc[l][c] += Σ_{p < pairs} a[l][p] · b[p][16c..]`,
+/// with lane `l`'s bf16 pairs at `a + l · a_stride` (each broadcast) and row `p` of `b` at
+/// `b + p · b_stride` (16 pairs a vector).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn dot_pairs<const L: usize, const C: usize>(
+    acc: &mut [[__m512; C]; L],
+    a: *const u16,
+    a_stride: usize,
+    b: *const u32,
+    b_stride: usize,
+    pairs: usize,
+) {
     for p in 0..pairs {
-        let row = v.add(p * v_stride);
-        let mut x = [_mm512_setzero_si512(); DC];
+        let row = b.add(p * b_stride);
+        let mut x = [_mm512_setzero_si512(); C];
         for (c, x) in x.iter_mut().enumerate() {
             *x = _mm512_loadu_si512(row.add(16 * c).cast());
         }
         for (l, acc) in acc.iter_mut().enumerate() {
-            let y = bcast_pair(w.add(l * w_stride + 2 * p));
-            for c in 0..DC {
+            let y = bcast_pair(a.add(l * a_stride + 2 * p));
+            for c in 0..C {
                 acc[c] =
                     _mm512_dpbf16_ps(acc[c], y, std::mem::transmute::<__m512i, __m512bh>(x[c]));
             }
-        }
-    }
-    for (l, acc) in acc.iter().enumerate() {
-        for (c, acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(o.add(l * v_stride + 16 * c), *acc);
         }
     }
 }
