@@ -6,17 +6,19 @@
 //! decode rows and runs of consecutive speculative verify rows. New K/V must already have been
 //! written to the pages before this runs.
 //!
-//! Work is split into tasks of (sequence, KV head, up to [`ROWS_PER_TASK`] consecutive rows —
-//! [`ROWS_PER_TASK_LONG`] deep in a long context —, a range of key positions). A task's *lanes* are its rows × the query heads that share its KV
-//! head (GQA). It walks its keys in blocks of about [`BLOCK_KEYS`] (several pages): each block's
-//! K (stored transposed) and V are decoded once into f32 scratch, the scores of every lane
+//! Work is split into tasks (see `plan`) of (sequence, KV head, up to `ROWS_PER_TASK`
+//! consecutive rows — `ROWS_PER_TASK_LONG` deep in a long context —, a range of key positions).
+//! A task's *lanes* are its rows × the query heads that share its KV head (GQA). It walks its
+//! keys in blocks of about `BLOCK_KEYS` (several pages): each block's
+//! K (stored transposed) and V are decoded once into scratch (f32, or bf16 pairs on the bf16
+//! path), the scores of every lane
 //! against the block are one small register-blocked matmul (lanes × `head_dim` times
 //! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
 //! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
 //! On CPUs with AVX-512 BF16 both products can take bf16 dot products ([`AttentionPath`]); the
 //! scores then use keys centred on the block's first key (see [`bf16_block`]).
 //!
-//! Keys are grouped in segments of [`SEGMENT_KEYS`] absolute positions: the online softmax
+//! Keys are grouped in segments of `SEGMENT_KEYS` absolute positions: the online softmax
 //! restarts at each segment, and the segments' states (max, sum, unnormalised output) are
 //! folded left to right. When there are fewer tasks than the threads can balance — decode at
 //! long context with one sequence and two KV heads — a task's segments are spread over several
@@ -47,13 +49,14 @@ macro_rules! by_lanes {
 #[cfg(target_arch = "x86_64")]
 mod bf16;
 mod micro;
+mod plan;
 
 use super::pool::PageId;
 use super::storage::{KvDtype, KvKind, KvStorage};
 use crate::kernels::math::exp_nonpositive;
 use crate::kernels::Dispatch;
+use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
-use std::ops::Range;
 use std::sync::OnceLock;
 
 /// How a block's two products are computed.
@@ -148,54 +151,8 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// Consecutive rows of one sequence that share a task (and so every K/V block they read).
-const ROWS_PER_TASK: usize = 16;
-/// Rows per task from this position on: a long context's K/V does not stay in cache between
-/// the tasks that read it, so more rows share each read (a 50-row continuation after 8K tokens
-/// measured 20-30% faster with 64 than with 16); shorter ones keep the smaller scratch, which
-/// measured faster for a 512-row prompt.
-const LONG_CONTEXT: usize = 4096;
-const ROWS_PER_TASK_LONG: usize = 64;
-/// Keys per block, rounded down to whole pages (at least one page): larger blocks spread each
-/// lane's per-block softmax work over more keys.
-const BLOCK_KEYS: usize = 128;
-/// Keys per segment, rounded down to whole blocks: the unit of split-K.
-const SEGMENT_KEYS: usize = 1024;
-/// Split-K aims for at least this many tasks per thread, so that stealing can balance them.
-const TASKS_PER_THREAD: usize = 4;
 /// Lanes one microkernel call keeps in registers.
 const LANE_CHUNK: usize = micro::MAX_LANES;
-
-/// One unit of parallel work.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Task {
-    kv_head: usize,
-    /// Consecutive row indices, all of one sequence.
-    rows: Range<usize>,
-    /// Key positions `keys.start..keys.end`, whole segments but the last (clipped to what the
-    /// rows see).
-    keys: Range<usize>,
-    /// For one piece of a split: where segment 0's state goes in the partials buffer (segment
-    /// `i`'s is `i` states further). `None`: the task folds its segments and writes the output.
-    partial: Option<usize>,
-}
-
-/// A (rows, KV head) split across tasks, merged after the parallel pass.
-#[derive(Debug, Clone)]
-struct Multi {
-    kv_head: usize,
-    rows: Range<usize>,
-    /// Offset of segment 0's partial state.
-    at: usize,
-    segments: usize,
-}
-
-#[derive(Debug, Default)]
-struct Plan {
-    tasks: Vec<Task>,
-    merges: Vec<Multi>,
-    partials_len: usize,
-}
 
 /// A raw pointer shared by tasks that write disjoint slices.
 #[derive(Clone, Copy)]
@@ -285,94 +242,6 @@ pub fn paged_attention_with(
     plan.merges.par_iter().for_each(|multi| {
         merge(&ctx, multi, partials, out_ptr);
     });
-}
-
-/// Keys per block: whole pages, at least one.
-fn block_keys(page_size: usize) -> usize {
-    (BLOCK_KEYS / page_size).max(1) * page_size
-}
-
-/// Keys per segment: whole blocks, at least one.
-fn segment_keys(page_size: usize) -> usize {
-    let block = block_keys(page_size);
-    (SEGMENT_KEYS / block).max(1) * block
-}
-
-/// Lanes of a task of `num_rows` rows.
-fn lanes(num_rows: usize, group: usize) -> usize {
-    num_rows * group
-}
-
-/// Floats of one segment's state: max and sum per lane, then the unnormalised output.
-fn partial_len(lanes: usize, hd: usize) -> usize {
-    lanes * (2 + hd)
-}
-
-fn plan_tasks(
-    rows: &[AttentionRow],
-    num_kv_heads: usize,
-    group: usize,
-    hd: usize,
-    page_size: usize,
-    threads: usize,
-) -> Plan {
-    // Row chunks and how many keys each sees.
-    let mut chunks = Vec::new();
-    let mut start = 0;
-    while start < rows.len() {
-        let seq = rows[start].seq;
-        let cap = if rows[start].position >= LONG_CONTEXT {
-            ROWS_PER_TASK_LONG
-        } else {
-            ROWS_PER_TASK
-        };
-        let mut end = start + 1;
-        while end < rows.len() && rows[end].seq == seq && end - start < cap {
-            end += 1;
-        }
-        let keys = rows[start..end].iter().map(|r| r.position).max().unwrap() + 1;
-        chunks.push((start..end, keys));
-        start = end;
-    }
-    let cost = |rows: &Range<usize>, keys: usize| (rows.len() * keys) as u64;
-    let total: u64 = chunks.iter().map(|(r, k)| cost(r, *k)).sum::<u64>() * num_kv_heads as u64;
-    let target = (total / (threads * TASKS_PER_THREAD) as u64).max(1);
-    let segment = segment_keys(page_size);
-
-    let mut plan = Plan::default();
-    for (rows, keys) in chunks {
-        let segments = keys.div_ceil(segment);
-        // Pieces by cost, in whole segments; one thread gains nothing from splitting.
-        let pieces = if threads > 1 {
-            (cost(&rows, keys).div_ceil(target) as usize).clamp(1, segments)
-        } else {
-            1
-        };
-        let per = segments.div_ceil(pieces) * segment;
-        let state = partial_len(lanes(rows.len(), group), hd);
-        for kv_head in 0..num_kv_heads {
-            let partial = (pieces > 1).then(|| {
-                let at = plan.partials_len;
-                plan.partials_len += segments * state;
-                plan.merges.push(Multi {
-                    kv_head,
-                    rows: rows.clone(),
-                    at,
-                    segments,
-                });
-                at
-            });
-            for first in (0..keys).step_by(per) {
-                plan.tasks.push(Task {
-                    kv_head,
-                    rows: rows.clone(),
-                    keys: first..(first + per).min(keys),
-                    partial,
-                });
-            }
-        }
-    }
-    plan
 }
 
 struct Context<'a> {
@@ -847,58 +716,5 @@ fn merge(ctx: &Context, multi: &Multi, partials: &[f32], out: SharedPtr) {
         }
         let inv = 1.0 / sum;
         dst.iter_mut().for_each(|d| *d *= inv);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn decode_rows(n: usize, position: usize) -> Vec<AttentionRow> {
-        (0..n).map(|i| AttentionRow { seq: i, position }).collect()
-    }
-
-    #[test]
-    fn one_long_sequence_is_split_across_threads() {
-        let plan = plan_tasks(&decode_rows(1, 16_383), 2, 7, 64, 16, 2);
-        assert_eq!(plan.tasks.len(), 8, "{plan:?}");
-        assert_eq!(plan.merges.len(), 2);
-        for multi in &plan.merges {
-            assert_eq!(multi.segments, 16);
-        }
-        // The pieces of a head cover every key once, in whole segments.
-        let head0: Vec<_> = plan.tasks.iter().filter(|t| t.kv_head == 0).collect();
-        assert_eq!(head0[0].keys.start, 0);
-        for w in head0.windows(2) {
-            assert_eq!(w[0].keys.end, w[1].keys.start);
-            assert_eq!(w[1].keys.start % SEGMENT_KEYS, 0);
-        }
-        assert_eq!(head0.last().unwrap().keys.end, 16_384);
-    }
-
-    #[test]
-    fn many_sequences_or_one_thread_or_one_segment_are_not_split() {
-        // Enough tasks to balance: each sequence is one task per head, folding its segments.
-        let plan = plan_tasks(&decode_rows(16, 4000), 2, 7, 64, 16, 2);
-        assert_eq!(
-            (plan.tasks.len(), plan.merges.len(), plan.partials_len),
-            (32, 0, 0)
-        );
-        let plan = plan_tasks(&decode_rows(1, 30_000), 2, 7, 64, 16, 1);
-        assert_eq!((plan.tasks.len(), plan.merges.len()), (2, 0));
-        let plan = plan_tasks(&decode_rows(1, 1000), 2, 7, 64, 16, 2);
-        assert_eq!((plan.tasks.len(), plan.merges.len()), (2, 0));
-    }
-
-    #[test]
-    fn a_long_prefill_is_not_split_and_needs_no_partial_states() {
-        let rows: Vec<_> = (0..512)
-            .map(|i| AttentionRow {
-                seq: 0,
-                position: 20_000 + i,
-            })
-            .collect();
-        let plan = plan_tasks(&rows, 2, 7, 64, 16, 2);
-        assert_eq!((plan.tasks.len(), plan.partials_len), (16, 0));
     }
 }
