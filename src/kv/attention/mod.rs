@@ -9,10 +9,9 @@
 //! Work is split into tasks (see `plan`) of (sequence, KV head, up to `ROWS_PER_TASK`
 //! consecutive rows — `ROWS_PER_TASK_LONG` deep in a long context —, a range of key positions).
 //! A task's *lanes* are its rows × the query heads that share its KV head (GQA). It walks its
-//! keys in blocks of about `BLOCK_KEYS` (several pages): each block's
-//! K (stored transposed) and V are decoded once into scratch (f32, or bf16 pairs on the bf16
-//! path), the scores of every lane
-//! against the block are one small register-blocked matmul (lanes × `head_dim` times
+//! keys in blocks of about `BLOCK_KEYS` (several pages): each block's K (stored transposed) and
+//! V are decoded once into scratch (f32, or bf16 pairs on the bf16 path), the scores of every
+//! lane against the block are one small register-blocked matmul (lanes × `head_dim` times
 //! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
 //! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
 //! On CPUs with AVX-512 BF16 both products can take bf16 dot products ([`AttentionPath`]); the
