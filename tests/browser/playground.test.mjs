@@ -71,7 +71,10 @@ try {
   const queue = await page.textContent("#m_queue");
   if (!/^\d+ \/ \d+$/.test(queue)) fail("the running/waiting panel shows " + queue);
   if (await page.isDisabled("#stop")) fail("Stop is disabled while generating");
-  await page.click("#stop");
+  // The click event itself, not a pointer click: Playwright's pointer click first waits for the
+  // button to hold still for two animation frames, which a page re-rendering a fast stream on a
+  // loaded 2-core machine failed to give within 30 s once (the button was enabled throughout).
+  await page.locator("#stop").dispatchEvent("click");
   await page.waitForSelector(".msg.assistant .meta", { timeout: 15000 });
   const meta = await page.textContent(".msg.assistant .meta");
   if (!meta.startsWith("cancelled")) fail("the reply ended as: " + meta);
