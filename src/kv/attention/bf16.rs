@@ -52,8 +52,7 @@ const INTERLEAVE: [u16; 32] = {
 pub unsafe fn pack_pairs(a: *const f32, b: *const f32, n: usize, out: *mut u32) {
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
     for i in (0..n).step_by(16) {
-        let halves = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(b.add(i)), _mm512_loadu_ps(a.add(i)));
-        let pairs = _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves));
+        let pairs = interleave(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), idx);
         _mm512_storeu_si512(out.add(i).cast(), pairs);
     }
 }
@@ -78,35 +77,17 @@ pub unsafe fn key_pairs(
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
     for j in (0..num_slots).step_by(16) {
         let m = live(num_slots, j);
-        let at = |d: usize| d * page_size + j;
+        // Each key (slot) of a q8 page has its own scale.
+        let scale = match *rows {
+            HeadRows::Q8 { scales, .. } => _mm512_maskz_loadu_ps(m, scales.as_ptr().add(j)),
+            _ => _mm512_setzero_ps(),
+        };
+        let load = |d: usize| {
+            let k = load16(rows, d * page_size + j, m, scale);
+            _mm512_sub_ps(k, _mm512_set1_ps(*r.add(d)))
+        };
         for p in 0..head_dim / 2 {
-            let (a, b) = match *rows {
-                HeadRows::F16(src) => {
-                    let src = src.as_ptr().cast::<u16>();
-                    let load =
-                        |d| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.add(at(d)).cast()));
-                    (load(2 * p), load(2 * p + 1))
-                }
-                HeadRows::F32(src) => {
-                    let load = |d| _mm512_maskz_loadu_ps(m, src.as_ptr().add(at(d)));
-                    (load(2 * p), load(2 * p + 1))
-                }
-                HeadRows::Q8 { values, scales } => {
-                    let scale = _mm512_maskz_loadu_ps(m, scales.as_ptr().add(j));
-                    let load = |d| {
-                        let q = _mm_maskz_loadu_epi8(m, values.as_ptr().add(at(d)).cast());
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
-                    };
-                    (load(2 * p), load(2 * p + 1))
-                }
-            };
-            let (ra, rb) = (
-                _mm512_set1_ps(*r.add(2 * p)),
-                _mm512_set1_ps(*r.add(2 * p + 1)),
-            );
-            let halves = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, rb), _mm512_sub_ps(a, ra));
-            let pairs =
-                _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves));
+            let pairs = interleave(load(2 * p), load(2 * p + 1), idx);
             _mm512_mask_storeu_epi32(out.add(p * out_stride + j).cast(), m, pairs);
         }
     }
@@ -127,34 +108,49 @@ pub unsafe fn value_pairs(
     out_stride: usize,
 ) {
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+    let load = |slot: usize, d: usize, m: __mmask16| {
+        if slot >= num_slots {
+            return _mm512_setzero_ps();
+        }
+        let scale = match *rows {
+            HeadRows::Q8 { scales, .. } => _mm512_set1_ps(scales[slot]),
+            _ => _mm512_setzero_ps(),
+        };
+        load16(rows, slot * head_dim + d, m, scale)
+    };
     for i in 0..num_slots.div_ceil(2) {
-        let (a, b) = (2 * i, 2 * i + 1);
         for d in (0..head_dim).step_by(16) {
             let m = live(head_dim, d);
-            let load = |slot: usize| {
-                if slot >= num_slots {
-                    return _mm512_setzero_ps();
-                }
-                let at = slot * head_dim + d;
-                match *rows {
-                    HeadRows::F16(src) => {
-                        let src = src.as_ptr().cast::<u16>().add(at);
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.cast()))
-                    }
-                    HeadRows::F32(src) => _mm512_maskz_loadu_ps(m, src.as_ptr().add(at)),
-                    HeadRows::Q8 { values, scales } => {
-                        let q = _mm_maskz_loadu_epi8(m, values.as_ptr().add(at).cast());
-                        let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-                        _mm512_mul_ps(x, _mm512_set1_ps(scales[slot]))
-                    }
-                }
-            };
-            let halves = _mm512_cvtne2ps_pbh(load(b), load(a));
-            let pairs =
-                _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves));
+            let pairs = interleave(load(2 * i, d, m), load(2 * i + 1, d, m), idx);
             _mm512_mask_storeu_epi32(out.add(i * out_stride + d).cast(), m, pairs);
         }
     }
+}
+
+/// 16 values of a page from element `at` decoded to f32 (lanes outside `m` read as 0), as
+/// [`HeadRows`]' own decoders do; a q8 page's integers are multiplied by `q8_scale`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn load16(rows: &HeadRows, at: usize, m: __mmask16, q8_scale: __m512) -> __m512 {
+    match *rows {
+        HeadRows::F16(src) => {
+            let src = src.as_ptr().cast::<u16>().add(at);
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.cast()))
+        }
+        HeadRows::F32(src) => _mm512_maskz_loadu_ps(m, src.as_ptr().add(at)),
+        HeadRows::Q8 { values, .. } => {
+            let q = _mm_maskz_loadu_epi8(m, values.as_ptr().add(at).cast());
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), q8_scale)
+        }
+    }
+}
+
+/// `(bf16(a[i]), bf16(b[i]))` as 16 32-bit pairs (`idx`: [`INTERLEAVE`] loaded).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn interleave(a: __m512, b: __m512, idx: __m512i) -> __m512i {
+    let halves = _mm512_cvtne2ps_pbh(b, a);
+    _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves))
 }
 
 /// `out[i] = bf16(x[i])` for `i < n` (a multiple of 16): a query row whose adjacent elements
