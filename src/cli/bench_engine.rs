@@ -68,12 +68,6 @@ async fn run(engine: &Engine, req: GenerateRequest) -> Result<(Duration, usize)>
 /// Continuation and fresh-prompt TTFT measurements; the medians are reported.
 const TTFT_TRIALS: usize = 5;
 
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Distinct ordinary-text prompts of about `n` tokens.
 fn prompt(bundle_tokens: &[u32], i: usize, n: usize) -> Vec<u32> {
     let start = (i * 37) % bundle_tokens.len().saturating_sub(n).max(1);
@@ -148,7 +142,8 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
                 let (t, _) = run(&engine, greedy(fresh_prompt, 1, None)).await?;
                 fresh.push(t.as_secs_f64() * 1e3);
             }
-            let (continuation, fresh_median) = (median(&continuations), median(&fresh));
+            let continuation = super::median_f64(continuations.clone());
+            let fresh_median = super::median_f64(fresh.clone());
             ttft = serde_json::json!({
                 "history_tokens": args.history,
                 "trials": TTFT_TRIALS,

@@ -191,13 +191,8 @@ pub fn bench_ws(url: &str, model: &ModelArgs, opts: &WsBench, as_json: bool) -> 
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 fn print_report(url: &str, opts: &WsBench, rows: &[TurnFigures], as_json: bool) {
-    let ratio = median(rows.iter().map(|r| r.cold_over_session).collect());
+    let ratio = super::median_f64(rows.iter().map(|r| r.cold_over_session).collect());
     if as_json {
         let report = json!({
             "url": url,

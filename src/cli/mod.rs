@@ -152,3 +152,9 @@ impl Cli {
         }
     }
 }
+
+/// The median of benchmark figures (the upper middle of an even count; NaN when empty).
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}

@@ -258,6 +258,15 @@ struct Context<'a> {
     group: usize,
 }
 
+impl Context<'_> {
+    /// Whether V is decoded to f32 scratch: on the f32 path, and on the bf16 path when pages
+    /// hold an odd number of slots (pairs of keys straddle pages, so the pairs are packed from
+    /// the f32 rows instead of straight from the pages).
+    fn values_in_f32(&self) -> bool {
+        !self.bf16 || !self.kv.shape().page_size.is_multiple_of(2)
+    }
+}
+
 /// Per-thread buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
@@ -318,12 +327,13 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     let max_pos = task_rows.iter().map(|r| r.position).max().unwrap();
     let key_end = task.keys.end.min(max_pos + 1);
 
-    // (Scratch lives for one call, so `hdp` is fixed and V's padding columns stay zero.)
-    if s.kt.len() < hd * bs {
+    // (Scratch lives for one call, so `hdp` is fixed and V's padding columns stay zero.) The
+    // bf16 path decodes K straight into pairs, and V too unless pairs of keys straddle pages.
+    if !ctx.bf16 && s.kt.len() < hd * bs {
         s.kt.resize(hd * bs, 0.0);
     }
     // Whole pairs of V rows for the bf16 path (rows past the block are finite and weighted 0).
-    if s.v.len() < bk.next_multiple_of(2) * hdp {
+    if ctx.values_in_f32() && s.v.len() < bk.next_multiple_of(2) * hdp {
         s.v.resize(bk.next_multiple_of(2) * hdp, 0.0);
     }
     s.q.clear();
@@ -500,7 +510,7 @@ fn attend_block(
         micro::decode_columns(ctx.path, &keys, n, hd, &mut s.kt[j..], bs);
         let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
         #[cfg(target_arch = "x86_64")]
-        if ctx.bf16 && page_size.is_multiple_of(2) {
+        if !ctx.values_in_f32() {
             let out = s.v2[j / 2 * hdp..].as_mut_ptr();
             // SAFETY: the path was checked; `v2` holds `bk / 2` rows of `hdp` pairs.
             unsafe { bf16::value_pairs(&values, n, hd, out, hdp) };
@@ -529,7 +539,7 @@ fn attend_block(
     if ctx.bf16 {
         // SAFETY: the caller checked the path; `attend_task` sized the scratch for this task.
         unsafe {
-            if !page_size.is_multiple_of(2) {
+            if ctx.values_in_f32() {
                 // Pairs of keys straddle pages: V was decoded to f32 and is packed here.
                 pack_values(s, nk, hdp);
             }
