@@ -228,20 +228,9 @@ pub unsafe fn scores(
         visible,
         maxima,
     };
-    let mut j = 0;
-    while j + 32 <= keys {
-        by_lanes!(
-            lanes,
-            scores_tile::<_, 2>(q, q_stride, k.add(j), k_stride, pairs, j, &out)
-        );
-        j += 32;
-    }
-    if j < keys {
-        by_lanes!(
-            lanes,
-            scores_tile::<_, 1>(q, q_stride, k.add(j), k_stride, pairs, j, &out)
-        );
-    }
+    by_tiles!(lanes, keys, j => scores_tile(
+        q, q_stride, k.add(j), k_stride, pairs, j, &out
+    ));
 }
 
 /// Where [`scores`] writes.
@@ -404,20 +393,9 @@ pub unsafe fn accumulate(
     o: *mut f32,
 ) {
     debug_assert!((1..=MAX_LANES).contains(&lanes) && o_stride.is_multiple_of(16));
-    let mut d = 0;
-    while d + 32 <= o_stride {
-        by_lanes!(
-            lanes,
-            accumulate_tile::<_, 2>(w, w_stride, v.add(d), o_stride, pairs, o.add(d))
-        );
-        d += 32;
-    }
-    if d < o_stride {
-        by_lanes!(
-            lanes,
-            accumulate_tile::<_, 1>(w, w_stride, v.add(d), o_stride, pairs, o.add(d))
-        );
-    }
+    by_tiles!(lanes, o_stride, d => accumulate_tile(
+        w, w_stride, v.add(d), o_stride, pairs, o.add(d)
+    ));
 }
 
 /// `L` lanes × `16 · DC` output dimensions, all accumulators in registers.
@@ -445,9 +423,10 @@ unsafe fn accumulate_tile<const L: usize, const DC: usize>(
     }
 }
 
-/// The register-blocked core of both products: `acc[l][c] += Σ_{p < pairs} a[l][p] · b[p][16c..]`,
-/// with lane `l`'s bf16 pairs at `a + l · a_stride` (each broadcast) and row `p` of `b` at
-/// `b + p · b_stride` (16 pairs a vector).
+/// The register-blocked core of both products:
+/// `acc[l][c] += Σ_{p < pairs} a[l][p] · b[p][16c..]`, with lane `l`'s bf16 pairs at
+/// `a + l · a_stride` (each broadcast) and row `p` of `b` at `b + p · b_stride` (16 pairs a
+/// vector).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn dot_pairs<const L: usize, const C: usize>(

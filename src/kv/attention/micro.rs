@@ -382,36 +382,9 @@ mod avx512 {
         s_stride: usize,
     ) {
         let (q, kt, s) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
-        let mut j = 0;
-        while j + 32 <= keys {
-            by_lanes!(
-                lanes,
-                scores_tile::<_, 2>(
-                    q,
-                    q_stride,
-                    head_dim,
-                    kt.add(j),
-                    kt_stride,
-                    s.add(j),
-                    s_stride
-                )
-            );
-            j += 32;
-        }
-        if j < keys {
-            by_lanes!(
-                lanes,
-                scores_tile::<_, 1>(
-                    q,
-                    q_stride,
-                    head_dim,
-                    kt.add(j),
-                    kt_stride,
-                    s.add(j),
-                    s_stride
-                )
-            );
-        }
+        by_tiles!(lanes, keys, j => scores_tile(
+            q, q_stride, head_dim, kt.add(j), kt_stride, s.add(j), s_stride
+        ));
     }
 
     /// `L` lanes × `16 · KC` keys, all accumulators in registers.
@@ -458,20 +431,9 @@ mod avx512 {
         o: &mut [f32],
     ) {
         let (p, v, o) = (p.as_ptr(), v.as_ptr(), o.as_mut_ptr());
-        let mut d = 0;
-        while d + 32 <= o_stride {
-            by_lanes!(
-                lanes,
-                accumulate_tile::<_, 2>(p, p_stride, v.add(d), o_stride, keys, o.add(d))
-            );
-            d += 32;
-        }
-        if d < o_stride {
-            by_lanes!(
-                lanes,
-                accumulate_tile::<_, 1>(p, p_stride, v.add(d), o_stride, keys, o.add(d))
-            );
-        }
+        by_tiles!(lanes, o_stride, d => accumulate_tile(
+            p, p_stride, v.add(d), o_stride, keys, o.add(d)
+        ));
     }
 
     /// `L` lanes × `16 · DC` output dimensions, all accumulators in registers.

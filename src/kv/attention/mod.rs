@@ -45,6 +45,23 @@ macro_rules! by_lanes {
     };
 }
 
+/// Runs `$f::<L, C>(args)` across columns `0..$n` (a multiple of 16) in tiles of 32 columns
+/// (`C` = 2 vectors) and a last one of 16 (`C` = 1), `$at` naming the tile's first column, with
+/// the run-time lane count made the constant `L` ([`by_lanes`]).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_tiles {
+    ($lanes:expr, $n:expr, $at:ident => $f:ident($($arg:expr),*)) => {{
+        let mut $at = 0;
+        while $at + 32 <= $n {
+            by_lanes!($lanes, $f::<_, 2>($($arg),*));
+            $at += 32;
+        }
+        if $at < $n {
+            by_lanes!($lanes, $f::<_, 1>($($arg),*));
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod bf16;
 mod micro;
