@@ -1,5 +1,5 @@
 //! Paged attention with Qwen2.5-Coder-0.5B's head layout (14 query heads, 2 KV heads, head_dim
-//! 64), f16 and q8 KV, on each attention path this CPU has (f32 products, bf16 products): one
+//! 64), f16 and q8 KV, on each attention path this CPU has (f32 products, bf16 products with AVX-512 and AMX): one
 //! decode row and a 9-row verify run at 1K and 16K context, and the 50 new rows of a
 //! continuation after 8K tokens.
 
@@ -25,7 +25,7 @@ fn bench(c: &mut Criterion) {
     paths.extend(
         AttentionPath::supported()
             .into_iter()
-            .filter(|p| *p == AttentionPath::Bf16),
+            .filter(|p| matches!(p, AttentionPath::Bf16 | AttentionPath::Amx)),
     );
     let mut group = c.benchmark_group("paged_attention");
     for (context, num_rows) in [

@@ -267,6 +267,31 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
     }
 }
 
+/// Each lane's 16 running maxima `maxima[l][..16]` take in the scores `s[l][j]` of the keys it
+/// sees (`j < visible[l]`), as [`scores`] does on the way (for the AMX path, whose scores come
+/// out of tiles).
+///
+/// # Safety
+/// The CPU must support the kernels and every index above must be inside its buffer.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn take_maxima(
+    s: *const f32,
+    s_stride: usize,
+    lanes: usize,
+    visible: *const usize,
+    maxima: *mut f32,
+) {
+    for l in 0..lanes {
+        let (maxima, visible) = (maxima.add(16 * l), *visible.add(l));
+        let mut mv = _mm512_loadu_ps(maxima);
+        for j in (0..visible).step_by(16) {
+            let x = _mm512_loadu_ps(s.add(l * s_stride + j));
+            mv = _mm512_mask_max_ps(mv, live(visible, j), mv, x);
+        }
+        _mm512_storeu_ps(maxima, mv);
+    }
+}
+
 /// One lane's online-softmax step over a block, for the bf16 products, with the lane's
 /// scores `offset + row[j]` and `row_max = max(row[..visible])`: with
 /// `m = max(running_max, offset + row_max)`, writes `bf16(exp(offset + row[j] - m))` to `out[j]`

@@ -63,6 +63,8 @@ macro_rules! by_tiles {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod bf16;
 mod micro;
 mod plan;
@@ -85,6 +87,9 @@ pub enum AttentionPath {
     /// plus an f32 dot product with the block's first key, the weighted values from softmax
     /// weights and V rounded to bf16; every sum in f32.
     Bf16,
+    /// The same operands and softmax as `Bf16`, both products on AMX tiles (16 lanes × 16
+    /// keys or dimensions × 32 terms an instruction).
+    Amx,
 }
 
 impl AttentionPath {
@@ -93,6 +98,7 @@ impl AttentionPath {
         match self {
             AttentionPath::F32(d) => d.is_supported(),
             AttentionPath::Bf16 => bf16_supported(),
+            AttentionPath::Amx => amx_supported(),
         }
     }
 
@@ -100,19 +106,28 @@ impl AttentionPath {
     pub fn supported() -> Vec<AttentionPath> {
         let f32s = Dispatch::supported().into_iter().map(AttentionPath::F32);
         f32s.chain(bf16_supported().then_some(AttentionPath::Bf16))
+            .chain(amx_supported().then_some(AttentionPath::Amx))
             .collect()
     }
 
-    /// The path for K/V stored as `dtype`: bf16 weighted values where the CPU has them and the
-    /// matmul kernels run AVX-512, unless the cache is f32 (which asks for f32 precision);
-    /// `MTPX_ATTENTION=f32|bf16` (read once) overrides.
+    /// The path for K/V stored as `dtype`, unless the cache is f32 (which asks for f32
+    /// precision) or the matmul kernels do not run AVX-512: AMX where the CPU has it; AVX-512
+    /// BF16 on AMD CPUs, whose `vdpbf16ps` does twice the multiply-adds of an f32 FMA (on
+    /// Intel's it does not, and the conversions make it slower than f32: measured on a Xeon
+    /// with AMX, a continuation's attention took 1.65× as long); f32 otherwise.
+    /// `MTPX_ATTENTION=f32|bf16|amx` (read once) overrides where the CPU can.
     pub fn for_kv(dtype: KvDtype) -> AttentionPath {
         let f32_path = AttentionPath::F32(Dispatch::active());
-        let bf16_ok = bf16_supported() && Dispatch::active() == Dispatch::Avx512;
+        let avx512 = Dispatch::active() == Dispatch::Avx512;
+        let bf16_ok = bf16_supported() && avx512;
+        let amx_ok = amx_supported() && avx512;
         match *ATTENTION_ENV.get_or_init(attention_from_env) {
-            Some(true) if bf16_ok => AttentionPath::Bf16,
+            Some(AttentionPath::Amx) if amx_ok => AttentionPath::Amx,
+            Some(AttentionPath::Bf16) if bf16_ok => AttentionPath::Bf16,
             Some(_) => f32_path,
-            None if bf16_ok && dtype != KvDtype::F32 => AttentionPath::Bf16,
+            None if dtype == KvDtype::F32 => f32_path,
+            None if amx_ok => AttentionPath::Amx,
+            None if bf16_ok && is_amd() => AttentionPath::Bf16,
             None => f32_path,
         }
     }
@@ -122,23 +137,46 @@ impl AttentionPath {
         match self {
             AttentionPath::F32(d) => format!("f32 ({d:?})").to_lowercase(),
             AttentionPath::Bf16 => "bf16 (avx512-bf16)".into(),
+            AttentionPath::Amx => "bf16 (amx)".into(),
         }
     }
 }
 
-/// `Some(true)`: `MTPX_ATTENTION=bf16`, `Some(false)`: `f32`, `None`: unset.
-static ATTENTION_ENV: OnceLock<Option<bool>> = OnceLock::new();
+/// The path `MTPX_ATTENTION` asks for (`F32` standing for every f32 path), `None` when unset.
+static ATTENTION_ENV: OnceLock<Option<AttentionPath>> = OnceLock::new();
 
-fn attention_from_env() -> Option<bool> {
+fn attention_from_env() -> Option<AttentionPath> {
     let name = std::env::var("MTPX_ATTENTION").ok()?;
     match name.trim().to_ascii_lowercase().as_str() {
-        "bf16" => Some(true),
-        "f32" => Some(false),
+        "amx" => Some(AttentionPath::Amx),
+        "bf16" => Some(AttentionPath::Bf16),
+        "f32" => Some(AttentionPath::F32(Dispatch::Scalar)),
         _ => {
-            eprintln!("MTPX_ATTENTION={name}: expected f32 or bf16; using the default");
+            eprintln!("MTPX_ATTENTION={name}: expected f32, bf16 or amx; using the default");
             None
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn is_amd() -> bool {
+    let leaf = std::arch::x86_64::__cpuid(0);
+    (leaf.ebx, leaf.edx, leaf.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163) // "AuthenticAMD"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn is_amd() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_supported() -> bool {
+    amx::is_supported()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn amx_supported() -> bool {
+    false
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -233,14 +271,22 @@ pub fn paged_attention_with(
     let mut partials = vec![0f32; plan.partials_len];
     let out_ptr = SharedPtr(out.as_mut_ptr());
     let partials_ptr = SharedPtr(partials.as_mut_ptr());
-    let bf16 = path == AttentionPath::Bf16;
+    let bf16 = matches!(path, AttentionPath::Bf16 | AttentionPath::Amx);
+    // AMX tiles take 32 terms a product: whole tiles of head dimensions and of a block's keys,
+    // or the AVX-512 BF16 kernels (same operands) do the block.
+    let amx = path == AttentionPath::Amx
+        && hd.is_multiple_of(32)
+        && block_keys(page_size)
+            .next_multiple_of(16)
+            .is_multiple_of(32);
     let path = match path {
         AttentionPath::F32(d) => d,
-        AttentionPath::Bf16 => Dispatch::Avx512,
+        AttentionPath::Bf16 | AttentionPath::Amx => Dispatch::Avx512,
     };
     let ctx = Context {
         path,
         bf16,
+        amx,
         q,
         rows,
         page_tables,
@@ -266,6 +312,9 @@ struct Context<'a> {
     /// Softmax and weighted values with the bf16 kernels (x86-64 only).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     bf16: bool,
+    /// Both bf16 products on AMX tiles (16 lanes a tile).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    amx: bool,
     q: &'a [f32],
     rows: &'a [AttentionRow],
     page_tables: &'a [&'a [PageId]],
@@ -364,15 +413,22 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
             }
         }
     }
-    s.s.resize(lanes * bs, 0.0);
+    // AMX tiles always hold 16 lanes: the buffers they read and write have whole tiles of lanes
+    // (the padding lanes' values are finite and never read).
+    let tile_lanes = if ctx.amx {
+        lanes.next_multiple_of(16)
+    } else {
+        lanes
+    };
+    s.s.resize(tile_lanes * bs, 0.0);
     s.visible.resize(lanes, 0);
     #[cfg(target_arch = "x86_64")]
     if ctx.bf16 {
         assert!(hd.is_multiple_of(2), "the bf16 path pairs head dimensions");
-        s.v2.resize(bk.div_ceil(2) * hdp, 0);
-        s.p16.resize(lanes * bs, 0);
+        s.v2.resize(bs.div_ceil(2) * hdp, 0);
+        s.p16.resize(tile_lanes * bs, 0);
         s.kt2.resize(hd / 2 * bs, 0);
-        s.q16.resize(lanes * hdp, 0);
+        s.q16.resize(tile_lanes * hdp, 0);
         // SAFETY: the path was checked; both buffers hold `lanes * hdp` values.
         unsafe { bf16::to_bf16(s.q.as_ptr(), lanes * hdp, s.q16.as_mut_ptr()) };
         let lanes16 = lanes.next_multiple_of(16);
@@ -388,6 +444,9 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     }
 
     // The running fold of this task's segments (unsplit tasks only).
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the path (so AMX) was checked.
+    let _tiles = ctx.amx.then(|| unsafe { amx::Tiles::configure() });
     s.fold_max.clear();
     s.fold_max.resize(lanes, f32::NEG_INFINITY);
     s.fold_sum.clear();
@@ -395,7 +454,7 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     s.fold_o.resize(lanes * hdp, 0.0);
     for first in (task.keys.start..key_end).step_by(segment) {
         s.o.clear();
-        s.o.resize(lanes * hdp, 0.0);
+        s.o.resize(tile_lanes * hdp, 0.0);
         s.max.clear();
         s.max.resize(lanes, f32::NEG_INFINITY);
         s.sum.clear();
@@ -560,7 +619,7 @@ fn attend_block(
                 // Pairs of keys straddle pages: V was decoded to f32 and is packed here.
                 pack_values(s, nk, hdp);
             }
-            bf16_block(s, lanes, nk, hd, hdp, bs);
+            bf16_block(s, ctx.amx, lanes, nk, hd, hdp, bs);
         }
         return;
     }
@@ -657,34 +716,61 @@ fn advance_lane(s: &mut Scratch, lane: usize, new_max: f32, block_sum: f32, hdp:
 /// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
 /// it for `lanes` lanes, with the block's K and V pairs in place.
 #[cfg(target_arch = "x86_64")]
-unsafe fn bf16_block(s: &mut Scratch, lanes: usize, nk: usize, hd: usize, hdp: usize, bs: usize) {
+unsafe fn bf16_block(
+    s: &mut Scratch,
+    amx: bool,
+    lanes: usize,
+    nk: usize,
+    hd: usize,
+    hdp: usize,
+    bs: usize,
+) {
     let lanes16 = lanes.next_multiple_of(16);
     let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
     bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
     s.maxima.clear();
     s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
-    let keys16 = nk.next_multiple_of(16);
+    // Weights written per lane: AMX's weighted values take keys 32 at a time (those past a
+    // lane's visible ones weigh exactly 0).
+    let weights = if amx {
+        nk.next_multiple_of(32)
+    } else {
+        nk.next_multiple_of(16)
+    };
+    // AMX takes two tiles of 16 lanes at a time.
+    let chunk = if amx { 32 } else { bf16::MAX_LANES };
     // Scores, softmax and weighted values chunk by chunk, so that a chunk's scores and weights
     // are still in L1 when the next step reads them.
-    for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], bf16::MAX_LANES) {
-        bf16::scores(
-            s.q16[l0 * hdp..].as_ptr(),
-            hdp,
-            l1 - l0,
-            s.kt2.as_ptr(),
-            bs,
-            hd / 2,
-            keys.next_multiple_of(16),
-            s.s[l0 * bs..].as_mut_ptr(),
-            bs,
-            s.visible[l0..].as_ptr(),
-            s.maxima[l0 * 16..].as_mut_ptr(),
-        );
+    for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], chunk) {
+        let (q16, sc) = (s.q16[l0 * hdp..].as_ptr(), s.s[l0 * bs..].as_mut_ptr());
+        let (visible, maxima) = (s.visible[l0..].as_ptr(), s.maxima[l0 * 16..].as_mut_ptr());
+        let keys16 = keys.next_multiple_of(16);
+        let lane_tiles = (l1 - l0).div_ceil(16);
+        if amx {
+            let (k, keys32) = (s.kt2.as_ptr(), keys.next_multiple_of(32));
+            amx::scores(lane_tiles, q16, hdp, k, bs, hd / 2, keys32, sc, bs);
+            bf16::take_maxima(sc, bs, l1 - l0, visible, maxima);
+        } else {
+            let k = s.kt2.as_ptr();
+            bf16::scores(
+                q16,
+                hdp,
+                l1 - l0,
+                k,
+                bs,
+                hd / 2,
+                keys16,
+                sc,
+                bs,
+                visible,
+                maxima,
+            );
+        }
         for lane in l0..l1 {
             let visible = s.visible[lane];
             if visible == 0 {
-                // Weights of zero: the lane shares the accumulate call with lanes that see keys.
-                s.p16[lane * bs..lane * bs + keys16].fill(0);
+                // Weights of zero: the lane shares the products with lanes that see keys.
+                s.p16[lane * bs..lane * bs + weights].fill(0);
                 continue;
             }
             let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
@@ -694,17 +780,28 @@ unsafe fn bf16_block(s: &mut Scratch, lanes: usize, nk: usize, hd: usize, hdp: u
             );
             let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
             let offset = s.offset[lane];
-            bf16::softmax_lane(row, visible, keys16, maxima, offset, max, sums, o, hdp, out);
+            bf16::softmax_lane(
+                row, visible, weights, maxima, offset, max, sums, o, hdp, out,
+            );
         }
-        bf16::accumulate(
+        let (p16, v2, o) = (
             s.p16[l0 * bs..].as_ptr(),
-            bs,
-            l1 - l0,
             s.v2.as_ptr(),
-            hdp,
-            keys.div_ceil(2),
             s.o[l0 * hdp..].as_mut_ptr(),
         );
+        if amx {
+            amx::accumulate(
+                lane_tiles,
+                p16,
+                bs,
+                v2,
+                hdp,
+                keys.next_multiple_of(32) / 2,
+                o,
+            );
+        } else {
+            bf16::accumulate(p16, bs, l1 - l0, v2, hdp, keys.div_ceil(2), o);
+        }
     }
 }
 
