@@ -75,6 +75,7 @@ use crate::kernels::math::exp_nonpositive;
 use crate::kernels::Dispatch;
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 /// How a block's two products are computed.
@@ -373,6 +374,10 @@ struct Scratch {
     sums: Vec<f32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     maxima: Vec<f32>,
+    /// The bf16 path's lane chunks of the current block, `(l0, l1, keys)` as [`seeing_chunks`]
+    /// (collected, as the steps on each chunk borrow the scratch).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    chunks: Vec<(usize, usize, usize)>,
     /// The running fold of the task's segments: max, sum, `[lane][hdp]` output.
     fold_max: Vec<f32>,
     fold_sum: Vec<f32>,
@@ -739,69 +744,101 @@ unsafe fn bf16_block(
     };
     // AMX takes two tiles of 16 lanes at a time.
     let chunk = if amx { 32 } else { bf16::MAX_LANES };
+    let mut chunks = std::mem::take(&mut s.chunks);
+    chunks.clear();
+    chunks.extend(seeing_chunks(&s.visible[..lanes], chunk));
     // Scores, softmax and weighted values chunk by chunk, so that a chunk's scores and weights
-    // are still in L1 when the next step reads them.
-    for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], chunk) {
-        let (q16, sc) = (s.q16[l0 * hdp..].as_ptr(), s.s[l0 * bs..].as_mut_ptr());
-        let (visible, maxima) = (s.visible[l0..].as_ptr(), s.maxima[l0 * 16..].as_mut_ptr());
+    // are still in L1 when the next step reads them. (For AMX, each step over every chunk
+    // before the next measured the same.)
+    for &(l0, l1, keys) in &chunks {
+        chunk_scores(s, amx, l0..l1, keys, hd, hdp, bs);
+        chunk_softmax(s, l0..l1, weights, hdp, bs);
+        chunk_values(s, amx, l0..l1, keys, hdp, bs);
+    }
+    s.chunks = chunks;
+}
+
+/// The scores of lanes `lanes` against the block's first `keys` keys, and their maxima.
+///
+/// # Safety
+/// As [`bf16_block`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn chunk_scores(
+    s: &mut Scratch,
+    amx: bool,
+    lanes: Range<usize>,
+    keys: usize,
+    hd: usize,
+    hdp: usize,
+    bs: usize,
+) {
+    let (l0, n) = (lanes.start, lanes.len());
+    let (q16, sc) = (s.q16[l0 * hdp..].as_ptr(), s.s[l0 * bs..].as_mut_ptr());
+    let (visible, maxima) = (s.visible[l0..].as_ptr(), s.maxima[l0 * 16..].as_mut_ptr());
+    let k = s.kt2.as_ptr();
+    if amx {
+        let keys32 = keys.next_multiple_of(32);
+        amx::scores(n.div_ceil(16), q16, hdp, k, bs, hd / 2, keys32, sc, bs);
+        bf16::take_maxima(sc, bs, n, visible, maxima);
+    } else {
         let keys16 = keys.next_multiple_of(16);
-        let lane_tiles = (l1 - l0).div_ceil(16);
-        if amx {
-            let (k, keys32) = (s.kt2.as_ptr(), keys.next_multiple_of(32));
-            amx::scores(lane_tiles, q16, hdp, k, bs, hd / 2, keys32, sc, bs);
-            bf16::take_maxima(sc, bs, l1 - l0, visible, maxima);
-        } else {
-            let k = s.kt2.as_ptr();
-            bf16::scores(
-                q16,
-                hdp,
-                l1 - l0,
-                k,
-                bs,
-                hd / 2,
-                keys16,
-                sc,
-                bs,
-                visible,
-                maxima,
-            );
+        bf16::scores(q16, hdp, n, k, bs, hd / 2, keys16, sc, bs, visible, maxima);
+    }
+}
+
+/// The softmax step of lanes `lanes`, writing `weights` bf16 weights a lane.
+///
+/// # Safety
+/// As [`bf16_block`], after [`chunk_scores`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn chunk_softmax(
+    s: &mut Scratch,
+    lanes: Range<usize>,
+    weights: usize,
+    hdp: usize,
+    bs: usize,
+) {
+    for lane in lanes {
+        let visible = s.visible[lane];
+        if visible == 0 {
+            // Weights of zero: the lane shares the products with lanes that see keys.
+            s.p16[lane * bs..lane * bs + weights].fill(0);
+            continue;
         }
-        for lane in l0..l1 {
-            let visible = s.visible[lane];
-            if visible == 0 {
-                // Weights of zero: the lane shares the products with lanes that see keys.
-                s.p16[lane * bs..lane * bs + weights].fill(0);
-                continue;
-            }
-            let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
-            let (sums, o) = (
-                s.sums[lane * 16..].as_mut_ptr(),
-                s.o[lane * hdp..].as_mut_ptr(),
-            );
-            let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
-            let offset = s.offset[lane];
-            bf16::softmax_lane(
-                row, visible, weights, maxima, offset, max, sums, o, hdp, out,
-            );
-        }
-        let (p16, v2, o) = (
-            s.p16[l0 * bs..].as_ptr(),
-            s.v2.as_ptr(),
-            s.o[l0 * hdp..].as_mut_ptr(),
+        let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
+        let (sums, o) = (
+            s.sums[lane * 16..].as_mut_ptr(),
+            s.o[lane * hdp..].as_mut_ptr(),
         );
-        if amx {
-            amx::accumulate(
-                lane_tiles,
-                p16,
-                bs,
-                v2,
-                hdp,
-                keys.next_multiple_of(32) / 2,
-                o,
-            );
-        } else {
-            bf16::accumulate(p16, bs, l1 - l0, v2, hdp, keys.div_ceil(2), o);
-        }
+        let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
+        let offset = s.offset[lane];
+        bf16::softmax_lane(
+            row, visible, weights, maxima, offset, max, sums, o, hdp, out,
+        );
+    }
+}
+
+/// The weighted values of lanes `lanes` over the block's first `keys` keys.
+///
+/// # Safety
+/// As [`bf16_block`], after [`chunk_softmax`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn chunk_values(
+    s: &mut Scratch,
+    amx: bool,
+    lanes: Range<usize>,
+    keys: usize,
+    hdp: usize,
+    bs: usize,
+) {
+    let (l0, n) = (lanes.start, lanes.len());
+    let (p16, v2) = (s.p16[l0 * bs..].as_ptr(), s.v2.as_ptr());
+    let o = s.o[l0 * hdp..].as_mut_ptr();
+    if amx {
+        let pairs = keys.next_multiple_of(32) / 2;
+        amx::accumulate(n.div_ceil(16), p16, bs, v2, hdp, pairs, o);
+    } else {
+        bf16::accumulate(p16, bs, n, v2, hdp, keys.div_ceil(2), o);
     }
 }
 
