@@ -35,7 +35,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
 pub use act::{quantize_block, ActQ8, ActQ8K};
-pub use dispatch::Dispatch;
+pub use dispatch::{cpu_is_amd, Dispatch};
 pub use layout::{Format, GROUP};
 
 /// Why a matrix could not be packed.

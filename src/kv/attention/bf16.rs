@@ -316,20 +316,32 @@ pub unsafe fn softmax_to_bf16(
     let full = visible / 16 * 16;
     let m = running_max.max(offset + row_max);
     let m_log2e = _mm512_set1_ps((m - offset) * std::f32::consts::LOG2_E);
-    // Two sums, so that the additions of consecutive vectors do not wait on each other.
-    let mut totals = [_mm512_setzero_ps(); 2];
-    for (i, j) in (0..n).step_by(16).enumerate() {
-        let mut e = exp_below(_mm512_loadu_ps(row.add(j)), m_log2e);
-        if j >= full {
-            e = _mm512_maskz_mov_ps(live(visible, j), e);
-        }
-        totals[i % 2] = _mm512_add_ps(totals[i % 2], e);
+    let weight = |j: usize| {
+        let e = exp_below(_mm512_loadu_ps(row.add(j)), m_log2e);
+        let e = if j >= full {
+            _mm512_maskz_mov_ps(live(visible, j), e)
+        } else {
+            e
+        };
         _mm256_storeu_si256(
             out.add(j).cast(),
             std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)),
         );
+        e
+    };
+    // Two sums (even and odd vectors), so that the additions of consecutive vectors do not
+    // wait on each other; two named ones, as an array indexed in the loop lived on the stack.
+    let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut j = 0;
+    while j + 32 <= n {
+        even = _mm512_add_ps(even, weight(j));
+        odd = _mm512_add_ps(odd, weight(j + 16));
+        j += 32;
     }
-    (m, _mm512_add_ps(totals[0], totals[1]))
+    if j < n {
+        even = _mm512_add_ps(even, weight(j));
+    }
+    (m, _mm512_add_ps(even, odd))
 }
 
 /// A lane's whole online-softmax step on the bf16 path, from the 16 running maxima [`scores`]

@@ -15,7 +15,8 @@
 //! `head_dim` × keys), the online softmax rescales once per block, and the weighted values are
 //! a second matmul (lanes × keys times keys × `head_dim`). Masked keys are skipped per lane.
 //! On CPUs with AVX-512 BF16 both products can take bf16 dot products ([`AttentionPath`]); the
-//! scores then use keys centred on the block's first key (see [`bf16_block`]).
+//! scores then use keys centred on the block's first key (see [`bf16_block`]). On CPUs with
+//! AMX the same bf16 operands go through tile multiplies (`amx`) instead.
 //!
 //! Keys are grouped in segments of `SEGMENT_KEYS` absolute positions: the online softmax
 //! restarts at each segment, and the segments' states (max, sum, unnormalised output) are
@@ -72,7 +73,7 @@ mod plan;
 use super::pool::PageId;
 use super::storage::{KvDtype, KvKind, KvStorage};
 use crate::kernels::math::exp_nonpositive;
-use crate::kernels::Dispatch;
+use crate::kernels::{cpu_is_amd, Dispatch};
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -128,7 +129,7 @@ impl AttentionPath {
             Some(_) => f32_path,
             None if dtype == KvDtype::F32 => f32_path,
             None if amx_ok => AttentionPath::Amx,
-            None if bf16_ok && is_amd() => AttentionPath::Bf16,
+            None if bf16_ok && cpu_is_amd() => AttentionPath::Bf16,
             None => f32_path,
         }
     }
@@ -157,17 +158,6 @@ fn attention_from_env() -> Option<AttentionPath> {
             None
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn is_amd() -> bool {
-    let leaf = std::arch::x86_64::__cpuid(0);
-    (leaf.ebx, leaf.edx, leaf.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163) // "AuthenticAMD"
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn is_amd() -> bool {
-    false
 }
 
 #[cfg(target_arch = "x86_64")]
