@@ -182,29 +182,8 @@ pub unsafe fn scores(
     s: *mut f32,
     s_stride: usize,
 ) {
-    debug_assert!(keys.is_multiple_of(32) && pairs.is_multiple_of(16));
-    debug_assert!((1..=2).contains(&lane_tiles));
-    let results = 2 * lane_tiles;
-    for j in (0..keys).step_by(32) {
-        for i in 0..results {
-            zero_result(i);
-        }
-        for p in (0..pairs).step_by(16) {
-            step(
-                lane_tiles,
-                q.add(2 * p).cast(),
-                32 * q_stride,
-                2 * q_stride,
-                k.add(p * k_stride + j).cast(),
-                64,
-                4 * k_stride,
-            );
-        }
-        for i in 0..results {
-            let at = s.add(16 * (i / 2) * s_stride + j + 16 * (i % 2));
-            store_result(i, at, 4 * s_stride);
-        }
-    }
+    let (a, b, c) = ((q, q_stride), (k, k_stride), (s, s_stride));
+    product(lane_tiles, a, b, pairs, keys, c, false);
 }
 
 /// `o[l · o_stride + d] += Σ_{p < pairs} w[l][p] · v[p][d]` (bf16 pairs) for `16 · lane_tiles`
@@ -222,27 +201,51 @@ pub unsafe fn accumulate(
     pairs: usize,
     o: *mut f32,
 ) {
-    debug_assert!(o_stride.is_multiple_of(32) && pairs.is_multiple_of(16));
+    let (a, b, c) = ((w, w_stride), (v, o_stride), (o, o_stride));
+    product(lane_tiles, a, b, pairs, o_stride, c, true);
+}
+
+/// Both products: `c[l][j] (+)= Σ_{p < pairs} a[l][p] · b[p][j]` for `16 · lane_tiles` lanes
+/// and `j < cols`, each operand given as (pointer, row stride in elements): `a` rows of bf16
+/// with pairs adjacent, `b` rows of bf16 pairs, `c` rows of f32; `add` keeps what `c` holds.
+///
+/// # Safety
+/// As [`scores`].
+unsafe fn product(
+    lane_tiles: usize,
+    (a, a_stride): (*const u16, usize),
+    (b, b_stride): (*const u32, usize),
+    pairs: usize,
+    cols: usize,
+    (c, c_stride): (*mut f32, usize),
+    add: bool,
+) {
+    debug_assert!(cols.is_multiple_of(32) && pairs.is_multiple_of(16));
     debug_assert!((1..=2).contains(&lane_tiles));
     let results = 2 * lane_tiles;
-    let tile = |i: usize, d: usize| o.add(16 * (i / 2) * o_stride + d + 16 * (i % 2));
-    for d in (0..o_stride).step_by(32) {
+    // Result tile `i`: lanes `16 · (i / 2)..`, columns `j + 16 · (i % 2)..`.
+    let tile = |i: usize, j: usize| c.add(16 * (i / 2) * c_stride + j + 16 * (i % 2));
+    for j in (0..cols).step_by(32) {
         for i in 0..results {
-            load_result(i, tile(i, d), 4 * o_stride);
+            if add {
+                load_result(i, tile(i, j), 4 * c_stride);
+            } else {
+                zero_result(i);
+            }
         }
         for p in (0..pairs).step_by(16) {
             step(
                 lane_tiles,
-                w.add(2 * p).cast(),
-                32 * w_stride,
-                2 * w_stride,
-                v.add(p * o_stride + d).cast(),
+                a.add(2 * p).cast(),
+                32 * a_stride,
+                2 * a_stride,
+                b.add(p * b_stride + j).cast(),
                 64,
-                4 * o_stride,
+                4 * b_stride,
             );
         }
         for i in 0..results {
-            store_result(i, tile(i, d), 4 * o_stride);
+            store_result(i, tile(i, j), 4 * c_stride);
         }
     }
 }
