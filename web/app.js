@@ -130,6 +130,10 @@ function stop() {
   const c = state.current;
   if (!c) return;
   if (c.transport === "ws" && state.ws) {
+    // The reply ends when the server's response.cancelled arrives, behind every delta it sent
+    // before it saw the cancel: those are no longer rendered (a fast stream can queue
+    // thousands, and laying out each one kept Stop from taking effect for seconds).
+    c.stopping = true;
     state.ws.send(JSON.stringify({ type: "response.cancel", response_id: c.id || undefined }));
   } else if (c.abort) {
     c.abort.abort();
@@ -208,6 +212,7 @@ function onEvent(e) {
     return;
   }
   if (!c) return;
+  if (c.stopping && e.type.endsWith(".delta")) return;
   switch (e.type) {
     case "response.created":
       c.id = e.response.id;
