@@ -76,6 +76,7 @@ use crate::kernels::math::exp_nonpositive;
 use crate::kernels::{cpu_is_amd, Dispatch};
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
+#[cfg(target_arch = "x86_64")]
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -160,23 +161,17 @@ fn attention_from_env() -> Option<AttentionPath> {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
 fn amx_supported() -> bool {
-    amx::is_supported()
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn amx_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return amx::is_supported();
+    #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
-#[cfg(target_arch = "x86_64")]
 fn bf16_supported() -> bool {
-    bf16::is_supported()
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn bf16_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return bf16::is_supported();
+    #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
