@@ -33,17 +33,41 @@ fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize)
 /// from L1/L2 and unpacked again for each further chunk of rows.
 const ROWS: usize = 5;
 
-/// Rows per chunk when `num_rows` are split into as few chunks of at most [`ROWS`] as possible,
-/// evenly (9 rows: 5 + 4, not 5 + 4 or 4 + 4 + 1 with a chunk that re-reads for one row).
-fn chunk_rows(num_rows: usize) -> usize {
-    num_rows.div_ceil(num_rows.div_ceil(ROWS))
+/// The same for the 32-weight formats (Q8_0, Q4_1, Q5_0), whose two halves of a block share
+/// one scale: above [`ROWS`] rows a row keeps one chain ([`dot2`]), so 10 rows fit, and a
+/// 9-row verify step unpacks each block once instead of twice (5 + 4 rows).
+const ROWS_ONE_CHAIN: usize = 10;
+
+/// Rows per chunk when `num_rows` are split into as few chunks of at most `max` as possible,
+/// evenly (9 rows by 5: 5 + 4, not 5 + 4 or 4 + 4 + 1 with a chunk that re-reads for one row).
+fn chunk_rows(num_rows: usize, max: usize) -> usize {
+    num_rows.div_ceil(num_rows.div_ceil(max))
+}
+
+/// `first += w0 · x0` and `second += w1 · x1`; with more than [`ROWS`] rows both go to `first`
+/// (the rows alone are enough independent chains to hide `vpdpbusd`'s latency, and one sum per
+/// row leaves registers for twice the rows). Integer sums are exact in any order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dot2<const R: usize>(
+    first: &mut __m512i,
+    second: &mut __m512i,
+    (w0, x0): (__m512i, __m512i),
+    (w1, x1): (__m512i, __m512i),
+) {
+    *first = _mm512_dpbusd_epi32(*first, w0, x0);
+    if R <= ROWS {
+        *second = _mm512_dpbusd_epi32(*second, w1, x1);
+    } else {
+        *first = _mm512_dpbusd_epi32(*first, w1, x1);
+    }
 }
 
 macro_rules! safe_kernel {
     ($name:ident, $imp:ident, $format:expr, $act:ty) => {
         pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
             let (num_rows, nb) = check($format, w, acts, out);
-            let rows = chunk_rows(num_rows);
+            let rows = chunk_rows(num_rows, ROWS);
             for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
                 // SAFETY: `check` proved the CPU features `$imp` enables and that `w` holds
                 // `nb` blocks; `a` and `o` hold the same number (1..=ROWS) of rows.
@@ -59,11 +83,34 @@ macro_rules! safe_kernel {
             }
         }
     };
+    ($name:ident, $imp:ident, $format:expr, $act:ty, one_chain) => {
+        pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
+            let (num_rows, nb) = check($format, w, acts, out);
+            let rows = chunk_rows(num_rows, ROWS_ONE_CHAIN);
+            for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
+                // SAFETY: as above, with 1..=ROWS_ONE_CHAIN rows.
+                unsafe {
+                    match o.len() / GROUP {
+                        1 => $imp::<1>(w, a, o, nb),
+                        2 => $imp::<2>(w, a, o, nb),
+                        3 => $imp::<3>(w, a, o, nb),
+                        4 => $imp::<4>(w, a, o, nb),
+                        5 => $imp::<5>(w, a, o, nb),
+                        6 => $imp::<6>(w, a, o, nb),
+                        7 => $imp::<7>(w, a, o, nb),
+                        8 => $imp::<8>(w, a, o, nb),
+                        9 => $imp::<9>(w, a, o, nb),
+                        _ => $imp::<10>(w, a, o, nb),
+                    }
+                }
+            }
+        }
+    };
 }
 
-safe_kernel!(q8_0, q8_0_impl, Format::Q8_0, ActQ8);
-safe_kernel!(q4_1, q4_1_impl, Format::Q4_1, ActQ8);
-safe_kernel!(q5_0, q5_0_impl, Format::Q5_0, ActQ8);
+safe_kernel!(q8_0, q8_0_impl, Format::Q8_0, ActQ8, one_chain);
+safe_kernel!(q4_1, q4_1_impl, Format::Q4_1, ActQ8, one_chain);
+safe_kernel!(q5_0, q5_0_impl, Format::Q5_0, ActQ8, one_chain);
 safe_kernel!(q4k, q4k_impl, Format::Q4K, ActQ8K);
 safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K);
 safe_kernel!(f16, f16_impl, Format::F16, f32);
@@ -176,8 +223,8 @@ unsafe fn q8_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             let q1 = _mm512_xor_si512(load(p.add(96 + 64 * t)), flip);
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
-                even[i] = _mm512_dpbusd_epi32(even[i], q0, bcast4(x));
-                odd[i] = _mm512_dpbusd_epi32(odd[i], q1, bcast4(x.add(4)));
+                let (x0, x1) = (bcast4(x), bcast4(x.add(4)));
+                dot2::<R>(&mut even[i], &mut odd[i], (q0, x0), (q1, x1));
             }
         }
         let dw = f16x16(p);
@@ -206,8 +253,8 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
-                lo_sum[i] = _mm512_dpbusd_epi32(lo_sum[i], lo, bcast4(x));
-                hi_sum[i] = _mm512_dpbusd_epi32(hi_sum[i], hi, bcast4(x.add(16)));
+                let (x0, x1) = (bcast4(x), bcast4(x.add(16)));
+                dot2::<R>(&mut lo_sum[i], &mut hi_sum[i], (lo, x0), (hi, x1));
             }
         }
         let (dw, mw) = (f16x16(p), f16x16(p.add(32)));
@@ -265,8 +312,8 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             let (low, high) = q5_0_weights(p, hb, t);
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
-                low_sum[i] = _mm512_dpbusd_epi32(low_sum[i], low, bcast4(x));
-                high_sum[i] = _mm512_dpbusd_epi32(high_sum[i], high, bcast4(x.add(16)));
+                let (x0, x1) = (bcast4(x), bcast4(x.add(16)));
+                dot2::<R>(&mut low_sum[i], &mut high_sum[i], (low, x0), (high, x1));
             }
         }
         let dw = f16x16(p);
