@@ -65,44 +65,20 @@ unsafe fn dot2<const R: usize>(
     }
 }
 
+/// A safe entry point for `$imp`, instantiated for chunks of each row count in `[$r…]` (1 to
+/// `$max`).
 macro_rules! safe_kernel {
-    ($name:ident, $imp:ident, $format:expr, $act:ty) => {
+    ($name:ident, $imp:ident, $format:expr, $act:ty, $max:expr, [$($r:literal),*]) => {
         pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
             let (num_rows, nb) = check($format, w, acts, out);
-            let rows = chunk_rows(num_rows, ROWS);
+            let rows = chunk_rows(num_rows, $max);
             for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
                 // SAFETY: `check` proved the CPU features `$imp` enables and that `w` holds
-                // `nb` blocks; `a` and `o` hold the same number (1..=ROWS) of rows.
+                // `nb` blocks; `a` and `o` hold the same number (1..=$max) of rows.
                 unsafe {
                     match o.len() / GROUP {
-                        1 => $imp::<1>(w, a, o, nb),
-                        2 => $imp::<2>(w, a, o, nb),
-                        3 => $imp::<3>(w, a, o, nb),
-                        4 => $imp::<4>(w, a, o, nb),
-                        _ => $imp::<5>(w, a, o, nb),
-                    }
-                }
-            }
-        }
-    };
-    ($name:ident, $imp:ident, $format:expr, $act:ty, one_chain) => {
-        pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
-            let (num_rows, nb) = check($format, w, acts, out);
-            let rows = chunk_rows(num_rows, ROWS_ONE_CHAIN);
-            for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
-                // SAFETY: as above, with 1..=ROWS_ONE_CHAIN rows.
-                unsafe {
-                    match o.len() / GROUP {
-                        1 => $imp::<1>(w, a, o, nb),
-                        2 => $imp::<2>(w, a, o, nb),
-                        3 => $imp::<3>(w, a, o, nb),
-                        4 => $imp::<4>(w, a, o, nb),
-                        5 => $imp::<5>(w, a, o, nb),
-                        6 => $imp::<6>(w, a, o, nb),
-                        7 => $imp::<7>(w, a, o, nb),
-                        8 => $imp::<8>(w, a, o, nb),
-                        9 => $imp::<9>(w, a, o, nb),
-                        _ => $imp::<10>(w, a, o, nb),
+                        $($r => $imp::<$r>(w, a, o, nb),)*
+                        n => unreachable!("a chunk of {n} rows (at most {})", $max),
                     }
                 }
             }
@@ -110,13 +86,41 @@ macro_rules! safe_kernel {
     };
 }
 
-safe_kernel!(q8_0, q8_0_impl, Format::Q8_0, ActQ8, one_chain);
-safe_kernel!(q4_1, q4_1_impl, Format::Q4_1, ActQ8, one_chain);
-safe_kernel!(q5_0, q5_0_impl, Format::Q5_0, ActQ8, one_chain);
-safe_kernel!(q4k, q4k_impl, Format::Q4K, ActQ8K, one_chain);
-safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K);
-safe_kernel!(f16, f16_impl, Format::F16, f32);
-safe_kernel!(f32, f32_impl, Format::F32, f32);
+safe_kernel!(
+    q8_0,
+    q8_0_impl,
+    Format::Q8_0,
+    ActQ8,
+    ROWS_ONE_CHAIN,
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+);
+safe_kernel!(
+    q4_1,
+    q4_1_impl,
+    Format::Q4_1,
+    ActQ8,
+    ROWS_ONE_CHAIN,
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+);
+safe_kernel!(
+    q5_0,
+    q5_0_impl,
+    Format::Q5_0,
+    ActQ8,
+    ROWS_ONE_CHAIN,
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+);
+safe_kernel!(
+    q4k,
+    q4k_impl,
+    Format::Q4K,
+    ActQ8K,
+    ROWS_ONE_CHAIN,
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+);
+safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K, ROWS, [1, 2, 3, 4, 5]);
+safe_kernel!(f16, f16_impl, Format::F16, f32, ROWS, [1, 2, 3, 4, 5]);
+safe_kernel!(f32, f32_impl, Format::F32, f32, ROWS, [1, 2, 3, 4, 5]);
 
 /// 16 little-endian f16 at `p` as f32.
 #[inline]
