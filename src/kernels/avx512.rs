@@ -33,12 +33,12 @@ fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize)
 /// from L1/L2 and unpacked again for each further chunk of rows.
 const ROWS: usize = 5;
 
-/// The same for the 32-weight formats (Q8_0, Q4_1, Q5_0), whose two halves of a block share
-/// one scale: above [`ROWS`] rows a row keeps one chain ([`dot2`]), so 10 rows fit, and a
-/// 9-row verify step unpacks each block once instead of twice (5 + 4 rows). Q4_K takes 10 rows
-/// too, its per-row integer sums then partly in memory: measured faster anyway (a 9-row step
-/// of the 1.5B 126 → 119 ms, prefill +15%), which Q6_K was not.
-const ROWS_ONE_CHAIN: usize = 10;
+/// Rows per pass for Q8_0, Q4_1, Q5_0 and Q4_K. The 32-weight formats, whose two half-blocks
+/// share one scale, keep one chain a row above [`ROWS`] rows ([`dot2`]), so 10 rows fit in
+/// registers and a 9-row verify step unpacks each block once instead of twice (5 + 4). Q4_K
+/// keeps its per-row sums (partly in memory then) and measured faster anyway (a 9-row step of
+/// the 1.5B 126 → 119 ms, prefill +15%); Q6_K did not, and keeps [`ROWS`].
+const ROWS_WIDE: usize = 10;
 
 /// Rows per chunk when `num_rows` are split into as few chunks of at most `max` as possible,
 /// evenly (9 rows by 5: 5 + 4, not 5 + 4 or 4 + 4 + 1 with a chunk that re-reads for one row).
@@ -91,7 +91,7 @@ safe_kernel!(
     q8_0_impl,
     Format::Q8_0,
     ActQ8,
-    ROWS_ONE_CHAIN,
+    ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
 safe_kernel!(
@@ -99,7 +99,7 @@ safe_kernel!(
     q4_1_impl,
     Format::Q4_1,
     ActQ8,
-    ROWS_ONE_CHAIN,
+    ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
 safe_kernel!(
@@ -107,7 +107,7 @@ safe_kernel!(
     q5_0_impl,
     Format::Q5_0,
     ActQ8,
-    ROWS_ONE_CHAIN,
+    ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
 safe_kernel!(
@@ -115,7 +115,7 @@ safe_kernel!(
     q4k_impl,
     Format::Q4K,
     ActQ8K,
-    ROWS_ONE_CHAIN,
+    ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
 safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K, ROWS, [1, 2, 3, 4, 5]);
