@@ -25,6 +25,8 @@ pub struct ActQ8K {
     pub bsum16: [i32; 16],
     /// `Σ qs` over each 32 (Q4_K sub-blocks); pairs are read as one i32 by `vpdpwssd`.
     pub bsum32: [i16; 8],
+    /// `bsum16` as i16 (|Σ| ≤ 16 · 127), whose pairs the AVX2 Q6_K kernel reads as one i32.
+    pub bsum16_i16: [i16; 16],
 }
 
 impl Default for ActQ8 {
@@ -44,6 +46,7 @@ impl Default for ActQ8K {
             d: 0.0,
             bsum16: [0; 16],
             bsum32: [0; 8],
+            bsum16_i16: [0; 16],
         }
     }
 }
@@ -87,6 +90,7 @@ fn q8k_blocks(x: &[f32], out: &mut [ActQ8K]) {
         a.d = quantize_block(xb, &mut a.qs);
         for (s, q) in a.qs.chunks_exact(16).enumerate() {
             a.bsum16[s] = q.iter().map(|&q| q as i32).sum();
+            a.bsum16_i16[s] = a.bsum16[s] as i16;
         }
         for s in 0..8 {
             a.bsum32[s] = (a.bsum16[2 * s] + a.bsum16[2 * s + 1]) as i16;

@@ -40,12 +40,6 @@ const ROWS: usize = 5;
 /// the 1.5B 126 → 119 ms, prefill +15%); Q6_K did not, and keeps [`ROWS`].
 const ROWS_WIDE: usize = 10;
 
-/// Rows per chunk when `num_rows` are split into as few chunks of at most `max` as possible,
-/// evenly (9 rows by 5: 5 + 4, not 5 + 4 or 4 + 4 + 1 with a chunk that re-reads for one row).
-fn chunk_rows(num_rows: usize, max: usize) -> usize {
-    num_rows.div_ceil(num_rows.div_ceil(max))
-}
-
 /// `first += w0 · x0` and `second += w1 · x1`; with more than [`ROWS`] rows both go to `first`
 /// (the rows alone are enough independent chains to hide `vpdpbusd`'s latency, and one sum per
 /// row leaves registers for twice the rows). Integer sums are exact in any order.
@@ -65,28 +59,7 @@ unsafe fn dot2<const R: usize>(
     }
 }
 
-/// A safe entry point for `$imp`, instantiated for chunks of each row count in `[$r…]` (1 to
-/// `$max`).
-macro_rules! safe_kernel {
-    ($name:ident, $imp:ident, $format:expr, $act:ty, $max:expr, [$($r:literal),*]) => {
-        pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
-            let (num_rows, nb) = check($format, w, acts, out);
-            let rows = chunk_rows(num_rows, $max);
-            for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
-                // SAFETY: `check` proved the CPU features `$imp` enables and that `w` holds
-                // `nb` blocks; `a` and `o` hold the same number (1..=$max) of rows.
-                unsafe {
-                    match o.len() / GROUP {
-                        $($r => $imp::<$r>(w, a, o, nb),)*
-                        n => unreachable!("a chunk of {n} rows (at most {})", $max),
-                    }
-                }
-            }
-        }
-    };
-}
-
-safe_kernel!(
+chunked_kernel!(
     q8_0,
     q8_0_impl,
     Format::Q8_0,
@@ -94,7 +67,7 @@ safe_kernel!(
     ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
-safe_kernel!(
+chunked_kernel!(
     q4_1,
     q4_1_impl,
     Format::Q4_1,
@@ -102,7 +75,7 @@ safe_kernel!(
     ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
-safe_kernel!(
+chunked_kernel!(
     q5_0,
     q5_0_impl,
     Format::Q5_0,
@@ -110,7 +83,7 @@ safe_kernel!(
     ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
-safe_kernel!(
+chunked_kernel!(
     q4k,
     q4k_impl,
     Format::Q4K,
@@ -118,9 +91,9 @@ safe_kernel!(
     ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
-safe_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K, ROWS, [1, 2, 3, 4, 5]);
-safe_kernel!(f16, f16_impl, Format::F16, f32, ROWS, [1, 2, 3, 4, 5]);
-safe_kernel!(f32, f32_impl, Format::F32, f32, ROWS, [1, 2, 3, 4, 5]);
+chunked_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K, ROWS, [1, 2, 3, 4, 5]);
+chunked_kernel!(f16, f16_impl, Format::F16, f32, ROWS, [1, 2, 3, 4, 5]);
+chunked_kernel!(f32, f32_impl, Format::F32, f32, ROWS, [1, 2, 3, 4, 5]);
 
 /// 16 little-endian f16 at `p` as f32.
 #[inline]

@@ -19,6 +19,36 @@
 //! Results are bit-identical across dispatch paths, thread counts and batch sizes: row `r` of a
 //! 9-row matmul equals row `r` computed alone, to the bit.
 
+/// Rows per chunk when `num_rows` are split into as few chunks of at most `max` as possible,
+/// evenly (9 rows by 5: 5 + 4, not 5 + 4 or 4 + 4 + 1 with a chunk that re-reads for one row).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn chunk_rows(num_rows: usize, max: usize) -> usize {
+    num_rows.div_ceil(num_rows.div_ceil(max))
+}
+
+/// A safe entry point `$name` for a SIMD module's group kernel `$imp::<R>`: checks the call with
+/// the module's `check`, splits its rows evenly into chunks of at most `$max` (`chunk_rows`)
+/// and runs each chunk through `$imp` instantiated for its row count (one of `[$r…]`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! chunked_kernel {
+    ($name:ident, $imp:ident, $format:expr, $act:ty, $max:expr, [$($r:literal),*]) => {
+        pub fn $name(w: &[u8], acts: &[$act], out: &mut [f32]) {
+            let (num_rows, nb) = check($format, w, acts, out);
+            let rows = super::chunk_rows(num_rows, $max);
+            for (a, o) in acts.chunks(rows * nb).zip(out.chunks_mut(rows * GROUP)) {
+                // SAFETY: `check` proved the CPU features `$imp` enables and that `w` holds
+                // `nb` blocks; `a` and `o` hold the same number (1..=$max) of rows.
+                unsafe {
+                    match o.len() / GROUP {
+                        $($r => $imp::<$r>(w, a, o, nb),)*
+                        n => unreachable!("a chunk of {n} rows (at most {})", $max),
+                    }
+                }
+            }
+        }
+    };
+}
+
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
