@@ -67,10 +67,14 @@ macro_rules! by_tiles {
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod bf16;
+#[cfg(target_arch = "x86_64")]
+mod in_place;
 mod micro;
 mod plan;
 
 use super::pool::PageId;
+#[cfg(target_arch = "x86_64")]
+use super::storage::HeadRows;
 use super::storage::{KvDtype, KvKind, KvStorage};
 use crate::kernels::math::exp_nonpositive;
 use crate::kernels::{cpu_is_amd, Dispatch};
@@ -269,10 +273,16 @@ pub fn paged_attention_with(
         AttentionPath::F32(d) => d,
         AttentionPath::Bf16 | AttentionPath::Amx => Dispatch::Avx512,
     };
+    #[cfg(target_arch = "x86_64")]
+    let in_place =
+        path == Dispatch::Avx2 && kv.dtype() == KvDtype::F16 && in_place::usable(page_size, hd);
+    #[cfg(not(target_arch = "x86_64"))]
+    let in_place = false;
     let ctx = Context {
         path,
         bf16,
         amx,
+        in_place,
         q,
         rows,
         page_tables,
@@ -301,6 +311,9 @@ struct Context<'a> {
     /// Both bf16 products on AMX tiles (16 lanes a tile).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     amx: bool,
+    /// The f32 products on AVX2 read f16 K and V in place from the pages (`in_place`), with no
+    /// f32 scratch copy of the block.
+    in_place: bool,
     q: &'a [f32],
     rows: &'a [AttentionRow],
     page_tables: &'a [&'a [PageId]],
@@ -315,7 +328,7 @@ impl Context<'_> {
     /// hold an odd number of slots (pairs of keys straddle pages, so the pairs are packed from
     /// the f32 rows instead of straight from the pages).
     fn values_in_f32(&self) -> bool {
-        !self.bf16 || !self.kv.shape().page_size.is_multiple_of(2)
+        !self.in_place && (!self.bf16 || !self.kv.shape().page_size.is_multiple_of(2))
     }
 }
 
@@ -385,7 +398,7 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
 
     // (Scratch lives for one call, so `hdp` is fixed and V's padding columns stay zero.) The
     // bf16 path decodes K straight into pairs, and V too unless pairs of keys straddle pages.
-    if !ctx.bf16 && s.kt.len() < hd * bs {
+    if !ctx.bf16 && !ctx.in_place && s.kt.len() < hd * bs {
         s.kt.resize(hd * bs, 0.0);
     }
     // Whole pairs of V rows for the bf16 path (rows past the block are finite and weighted 0).
@@ -556,7 +569,9 @@ fn attend_block(
         kv.head_rows(table[kb / page_size], ctx.layer, KvKind::Key, task.kv_head)
             .column(0, hd, &mut s.kref);
     }
-    // Decode the block's pages.
+    #[cfg(target_arch = "x86_64")]
+    let mut in_place_pages = InPlacePages::default();
+    // Decode the block's pages (or, in place, note where they are).
     let mut j = 0;
     while j < nk {
         let pos = kb + j;
@@ -564,6 +579,13 @@ fn attend_block(
         let page = table[pos / page_size];
         let n = page_size.min(nk - j);
         let keys = kv.head_rows(page, ctx.layer, KvKind::Key, task.kv_head);
+        #[cfg(target_arch = "x86_64")]
+        if ctx.in_place {
+            let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
+            in_place_pages.push(keys, values);
+            j += n;
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
         if ctx.bf16 {
             let out = s.kt2[j..].as_mut_ptr();
@@ -613,6 +635,16 @@ fn attend_block(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if ctx.in_place {
+        for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], LANE_CHUNK) {
+            let (q, out) = (&s.q[l0 * hdp..l1 * hdp], &mut s.s[l0 * bs..l1 * bs]);
+            in_place::scores(q, hdp, hd, in_place_pages.keys(), page_size, keys, out, bs);
+        }
+    } else {
+        scores(ctx.path, s, lanes, hd, hdp, bs);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
     scores(ctx.path, s, lanes, hd, hdp, bs);
 
     // Online softmax, once per lane per block.
@@ -629,6 +661,13 @@ fn attend_block(
 
     // Weighted values.
     for (l0, l1, keys) in seeing_chunks(&s.visible[..lanes], LANE_CHUNK) {
+        #[cfg(target_arch = "x86_64")]
+        if ctx.in_place {
+            let (p, out) = (&s.s[l0 * bs..l1 * bs], &mut s.o[l0 * hdp..l1 * hdp]);
+            let values = in_place_pages.values();
+            in_place::accumulate(p, bs, values, page_size, hd, keys, out, hdp);
+            continue;
+        }
         micro::accumulate(
             ctx.path,
             &s.s[l0 * bs..l1 * bs],
@@ -638,6 +677,32 @@ fn attend_block(
             keys,
             &mut s.o[l0 * hdp..l1 * hdp],
         );
+    }
+}
+
+/// The f16 K and V pages of one block, for the in-place kernels.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct InPlacePages<'a> {
+    keys: [&'a [half::f16]; in_place::MAX_PAGES],
+    values: [&'a [half::f16]; in_place::MAX_PAGES],
+    len: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> InPlacePages<'a> {
+    fn push(&mut self, keys: HeadRows<'a>, values: HeadRows<'a>) {
+        let (HeadRows::F16(k), HeadRows::F16(v)) = (keys, values) else {
+            unreachable!("the in-place kernels read f16 pages only");
+        };
+        (self.keys[self.len], self.values[self.len]) = (k, v);
+        self.len += 1;
+    }
+    fn keys(&self) -> &[&'a [half::f16]] {
+        &self.keys[..self.len]
+    }
+    fn values(&self) -> &[&'a [half::f16]] {
+        &self.values[..self.len]
     }
 }
 
