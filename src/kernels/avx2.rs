@@ -365,7 +365,13 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Format::Q4K.group_block_bytes());
-        prefetch_block::<R>(p, Format::Q4K.group_block_bytes());
+        // One row reads a Q4_K block front to back, which the hardware prefetchers follow:
+        // asking as well made it slower (a Zen 3, criterion `q4k/1536x8960/mtpx/1`: 12.6 GiB/s
+        // without, 11.2–11.6 with the hints 4 KB ahead). Q6_K's walk jumps between `ql` and
+        // `qh` and needs them (5.9 GiB/s without, 9.7–10.2 with).
+        if R > 1 {
+            prefetch_block::<R>(p, Format::Q4K.group_block_bytes());
+        }
         let a: [&ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [ZERO_HALVES; R];
         for pair in 0..4 {

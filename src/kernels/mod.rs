@@ -93,7 +93,7 @@ impl std::fmt::Display for KernelError {
 impl std::error::Error for KernelError {}
 
 /// A weight matrix `[out_dim, in_dim]`, repacked for the kernels at load time.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct QuantMatrix {
     format: Format,
     out_dim: usize,
@@ -123,6 +123,14 @@ const MAX_KERNEL_ROWS: usize = 16;
 
 /// Below this many weight bytes × row chunks a call runs on the calling thread.
 const SERIAL_BYTES: usize = 96 << 10;
+
+impl Clone for QuantMatrix {
+    fn clone(&self) -> Self {
+        let mut packed = layout::huge_page_zeroed(self.packed.len());
+        packed.copy_from_slice(&self.packed);
+        QuantMatrix { packed, ..*self }
+    }
+}
 
 impl QuantMatrix {
     /// Packs a 2-D CPU `QTensor` (`[out_dim, in_dim]`, GGUF block layout).
