@@ -33,30 +33,29 @@ fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize)
 /// from L1/L2 and unpacked again for each further chunk of rows.
 const ROWS: usize = 5;
 
-/// Rows per pass for Q8_0, Q4_1, Q5_0 and Q4_K. The 32-weight formats, whose two half-blocks
-/// share one scale, keep one chain a row above [`ROWS`] rows ([`dot2`]), so 10 rows fit in
-/// registers and a 9-row verify step unpacks each block once instead of twice (5 + 4). Q4_K
-/// keeps its per-row sums (partly in memory then) and measured faster anyway (a 9-row step of
-/// the 1.5B 126 → 119 ms, prefill +15%); Q6_K did not, and keeps [`ROWS`].
+/// Rows per pass for Q8_0, Q4_1, Q5_0 and Q4_K, so that a 9-row verify step unpacks each
+/// block once instead of twice (5 + 4). Each row keeps two `vpdpbusd` chains and an f32 sum:
+/// 27 of the 32 registers at 9 rows (the activations are embedded broadcasts; 10 rows spill a
+/// little, Q8_0 measured 100 against 9 rows' 122 G multiply-adds/s in cache). (One chain a row
+/// above 5 rows, as these kernels first did, left each row a chain of 8 dependent `vpdpbusd`
+/// a block: on a Xeon with AMX, in cache, 9 rows of Q8_0 and Q5_0 ran at 85–89 G
+/// multiply-adds/s a thread with it and 122 without.) Q4_K keeps its per-row sums (partly in
+/// memory then) and measured faster anyway (a 9-row step of the 1.5B 126 → 119 ms, prefill
+/// +15%); Q6_K did not, and keeps [`ROWS`].
 const ROWS_WIDE: usize = 10;
 
-/// `first += w0 · x0` and `second += w1 · x1`; with more than [`ROWS`] rows both go to `first`
-/// (the rows alone are enough independent chains to hide `vpdpbusd`'s latency, and one sum per
-/// row leaves registers for twice the rows). Integer sums are exact in any order.
+/// `first += w0 · x0` and `second += w1 · x1`: two independent chains a row, so that
+/// `vpdpbusd`'s latency does not bound a block. Integer sums are exact in any order.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dot2<const R: usize>(
+unsafe fn dot2(
     first: &mut __m512i,
     second: &mut __m512i,
     (w0, x0): (__m512i, __m512i),
     (w1, x1): (__m512i, __m512i),
 ) {
     *first = _mm512_dpbusd_epi32(*first, w0, x0);
-    if R <= ROWS {
-        *second = _mm512_dpbusd_epi32(*second, w1, x1);
-    } else {
-        *first = _mm512_dpbusd_epi32(*first, w1, x1);
-    }
+    *second = _mm512_dpbusd_epi32(*second, w1, x1);
 }
 
 chunked_kernel!(
@@ -203,7 +202,7 @@ unsafe fn q8_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
                 let (x0, x1) = (bcast4(x), bcast4(x.add(4)));
-                dot2::<R>(&mut even[i], &mut odd[i], (q0, x0), (q1, x1));
+                dot2(&mut even[i], &mut odd[i], (q0, x0), (q1, x1));
             }
         }
         let dw = f16x16(p);
@@ -233,7 +232,7 @@ unsafe fn q4_1_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
                 let (x0, x1) = (bcast4(x), bcast4(x.add(16)));
-                dot2::<R>(&mut lo_sum[i], &mut hi_sum[i], (lo, x0), (hi, x1));
+                dot2(&mut lo_sum[i], &mut hi_sum[i], (lo, x0), (hi, x1));
             }
         }
         let (dw, mw) = (f16x16(p), f16x16(p.add(32)));
@@ -292,7 +291,7 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
             for i in 0..R {
                 let x = (*a[i]).qs.as_ptr().add(4 * t);
                 let (x0, x1) = (bcast4(x), bcast4(x.add(16)));
-                dot2::<R>(&mut low_sum[i], &mut high_sum[i], (low, x0), (high, x1));
+                dot2(&mut low_sum[i], &mut high_sum[i], (low, x0), (high, x1));
             }
         }
         let dw = f16x16(p);
