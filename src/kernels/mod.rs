@@ -218,39 +218,52 @@ impl QuantMatrix {
             Format::Q8_0 | Format::Q4_1 | Format::Q5_0 => {
                 let acts = grown(&mut scratch.q8, num_rows * num_blocks);
                 act::quantize_q8(x, acts);
-                job.run(acts, staging, kernel_q8(self.format, path));
+                job.run(acts, staging, out, kernel_q8(self.format, path));
             }
             Format::Q4K | Format::Q6K => {
                 let acts = grown(&mut scratch.q8k, num_rows * num_blocks);
                 act::quantize_q8k(x, acts);
-                job.run(acts, staging, kernel_q8k(self.format, path));
+                job.run(acts, staging, out, kernel_q8k(self.format, path));
             }
             Format::F16 | Format::F32 => {
                 // Float weights read f32 activations directly: one "block" per input value.
-                job.run(x, staging, kernel_float(self.format, path));
+                job.run(x, staging, out, kernel_float(self.format, path));
             }
         }
-        self.scatter(staging, num_rows, out);
     }
 
     fn num_groups(&self) -> usize {
         self.out_dim.div_ceil(GROUP)
     }
+}
 
-    /// `[num_groups][num_rows, 16]` → `[num_rows, out_dim]`, dropping the padding rows.
-    fn scatter(&self, staging: &[f32], num_rows: usize, out: &mut [f32]) {
-        let copy_row = |(r, out_row): (usize, &mut [f32])| {
-            for (g, dst) in out_row.chunks_mut(GROUP).enumerate() {
-                let at = (g * num_rows + r) * GROUP;
-                dst.copy_from_slice(&staging[at..at + dst.len()]);
-            }
-        };
-        if num_rows >= 64 && rayon::current_num_threads() > 1 {
-            out.par_chunks_mut(self.out_dim)
-                .enumerate()
-                .for_each(copy_row);
-        } else {
-            out.chunks_mut(self.out_dim).enumerate().for_each(copy_row);
+/// The matmul's `[num_rows, out_dim]` output, written group by group by the tasks that computed
+/// them: each group is its own 16 columns of every row, so no two tasks write the same element.
+#[derive(Clone, Copy)]
+struct RowsOut {
+    ptr: *mut f32,
+    num_rows: usize,
+    out_dim: usize,
+}
+
+// SAFETY: tasks write disjoint columns (see `put_group`).
+unsafe impl Send for RowsOut {}
+unsafe impl Sync for RowsOut {}
+
+impl RowsOut {
+    /// Copies group `g`'s `[num_rows, 16]` kernel output into its columns of every row, dropping
+    /// the padding columns of a last partial group.
+    ///
+    /// # Safety
+    /// No other thread may access group `g`'s columns meanwhile.
+    unsafe fn put_group(&self, g: usize, group_out: &[f32]) {
+        let first = g * GROUP;
+        let n = GROUP.min(self.out_dim - first);
+        for r in 0..self.num_rows {
+            // SAFETY: `r < num_rows` and `first + n <= out_dim`, inside the output; the caller
+            // guarantees the columns are this thread's.
+            let dst = std::slice::from_raw_parts_mut(self.ptr.add(r * self.out_dim + first), n);
+            dst.copy_from_slice(&group_out[r * GROUP..r * GROUP + n]);
         }
     }
 }
@@ -266,17 +279,27 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    fn run<A: Sync>(&self, acts: &[A], staging: &mut [f32], kernel: Kernel<A>) {
+    /// Runs the kernel on every group into `staging` (`[num_groups][num_rows, 16]`) and copies
+    /// each group to `out` (`[num_rows, out_dim]`) right after, while it is in cache.
+    fn run<A: Sync>(&self, acts: &[A], staging: &mut [f32], out: &mut [f32], kernel: Kernel<A>) {
         let group_bytes = self.num_blocks * self.matrix.format.group_block_bytes();
         let group_out = self.num_rows * GROUP;
         let num_groups = self.matrix.num_groups();
         let row_chunks = self.num_rows.div_ceil(MAX_KERNEL_ROWS);
-        let run_group = |(g, out): (usize, &mut [f32])| {
+        assert_eq!(out.len(), self.num_rows * self.matrix.out_dim);
+        let rows_out = RowsOut {
+            ptr: out.as_mut_ptr(),
+            num_rows: self.num_rows,
+            out_dim: self.matrix.out_dim,
+        };
+        let run_group = |(g, staged): (usize, &mut [f32])| {
             let w = &self.matrix.packed[g * group_bytes..(g + 1) * group_bytes];
             let act_rows = acts.chunks(MAX_KERNEL_ROWS * self.num_blocks);
-            for (a, o) in act_rows.zip(out.chunks_mut(MAX_KERNEL_ROWS * GROUP)) {
+            for (a, o) in act_rows.zip(staged.chunks_mut(MAX_KERNEL_ROWS * GROUP)) {
                 kernel(w, a, o);
             }
+            // SAFETY: every group is run once, by one task.
+            unsafe { rows_out.put_group(g, staged) };
         };
         let num_threads = rayon::current_num_threads();
         if num_threads == 1 || self.matrix.packed.len() * row_chunks <= SERIAL_BYTES {
