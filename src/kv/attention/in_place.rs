@@ -26,17 +26,6 @@ pub fn usable(page_size: usize, head_dim: usize) -> bool {
         && std::is_x86_feature_detected!("f16c")
 }
 
-macro_rules! by_lanes4 {
-    ($lanes:expr, $f:ident ($($arg:expr),*)) => {
-        match $lanes {
-            1 => $f::<1>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            _ => $f::<4>($($arg),*),
-        }
-    };
-}
-
 /// `s[l][j] = Σ_d q[l][d] · K[d][j]` for the block's keys `j < keys` (rounded up to 16), K read
 /// from `k_pages` (each `[head_dim][page_size]`, transposed as stored), for every lane
 /// `l < q.len() / q_stride`.
@@ -98,20 +87,44 @@ unsafe fn scores_tile<const L: usize>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; L];
     for d in 0..head_dim {
-        let row = kt.add(d * kt_stride);
-        let k = [
-            _mm256_cvtph_ps(_mm_loadu_si128(row.cast())),
-            _mm256_cvtph_ps(_mm_loadu_si128(row.add(8).cast())),
-        ];
-        for (l, acc) in acc.iter_mut().enumerate() {
-            let x = _mm256_broadcast_ss(&*q.add(l * q_stride + d));
-            acc[0] = _mm256_fmadd_ps(x, k[0], acc[0]);
-            acc[1] = _mm256_fmadd_ps(x, k[1], acc[1]);
-        }
+        let k = f16x16(kt.add(d * kt_stride));
+        fma_lanes(&mut acc, k, |l| q.add(l * q_stride + d));
     }
+    store_lanes(&acc, s, s_stride);
+}
+
+/// 16 f16 at `p` as two vectors of 8 f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16x16(p: *const u16) -> [__m256; 2] {
+    [
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
+    ]
+}
+
+/// `acc[l] += *factor(l) · x` for every lane `l`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_lanes<const L: usize>(
+    acc: &mut [[__m256; 2]; L],
+    x: [__m256; 2],
+    factor: impl Fn(usize) -> *const f32,
+) {
+    for (l, acc) in acc.iter_mut().enumerate() {
+        let f = _mm256_broadcast_ss(&*factor(l));
+        acc[0] = _mm256_fmadd_ps(f, x[0], acc[0]);
+        acc[1] = _mm256_fmadd_ps(f, x[1], acc[1]);
+    }
+}
+
+/// Stores lane `l`'s 16 sums at `out + l * stride`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_lanes<const L: usize>(acc: &[[__m256; 2]; L], out: *mut f32, stride: usize) {
     for (l, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(s.add(l * s_stride), acc[0]);
-        _mm256_storeu_ps(s.add(l * s_stride + 8), acc[1]);
+        _mm256_storeu_ps(out.add(l * stride), acc[0]);
+        _mm256_storeu_ps(out.add(l * stride + 8), acc[1]);
     }
 }
 
@@ -187,22 +200,11 @@ unsafe fn accumulate_tile<const L: usize>(
     for (i, &page) in pages.iter().enumerate() {
         let first = i * page_size;
         for j in first..keys.min(first + page_size) {
-            let row = page.add((j - first) * head_dim + d);
-            let x = [
-                _mm256_cvtph_ps(_mm_loadu_si128(row.cast())),
-                _mm256_cvtph_ps(_mm_loadu_si128(row.add(8).cast())),
-            ];
-            for (l, acc) in acc.iter_mut().enumerate() {
-                let w = _mm256_broadcast_ss(&*p.add(l * p_stride + j));
-                acc[0] = _mm256_fmadd_ps(w, x[0], acc[0]);
-                acc[1] = _mm256_fmadd_ps(w, x[1], acc[1]);
-            }
+            let x = f16x16(page.add((j - first) * head_dim + d));
+            fma_lanes(&mut acc, x, |l| p.add(l * p_stride + j));
         }
     }
-    for (l, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(o.add(l * o_stride), acc[0]);
-        _mm256_storeu_ps(o.add(l * o_stride + 8), acc[1]);
-    }
+    store_lanes(&acc, o, o_stride);
 }
 
 #[cfg(test)]

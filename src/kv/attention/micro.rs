@@ -484,17 +484,6 @@ mod avx2 {
 
     const LANES: usize = 4;
 
-    macro_rules! by_lanes4 {
-        ($lanes:expr, $f:ident ($($arg:expr),*)) => {
-            match $lanes {
-                1 => $f::<1>($($arg),*),
-                2 => $f::<2>($($arg),*),
-                3 => $f::<3>($($arg),*),
-                _ => $f::<4>($($arg),*),
-            }
-        };
-    }
-
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn scores(

@@ -46,6 +46,19 @@ macro_rules! by_lanes {
     };
 }
 
+/// The same for the AVX2 kernels (`micro`'s AVX2 module, `in_place`), which take up to 4 lanes.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_lanes4 {
+    ($lanes:expr, $f:ident ($($arg:expr),*)) => {
+        match $lanes {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            _ => $f::<4>($($arg),*),
+        }
+    };
+}
+
 /// Runs `$f::<L, C>(args)` across columns `0..$n` (a multiple of 16) in tiles of 32 columns
 /// (`C` = 2 vectors) and a last one of 16 (`C` = 1), `$at` naming the tile's first column, with
 /// the run-time lane count made the constant `L` ([`by_lanes`]).
