@@ -81,6 +81,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod bf16;
 #[cfg(target_arch = "x86_64")]
+mod bf16_block;
+#[cfg(target_arch = "x86_64")]
 mod in_place;
 mod micro;
 mod plan;
@@ -93,8 +95,6 @@ use crate::kernels::math::exp_nonpositive;
 use crate::kernels::{cpu_is_amd, Dispatch};
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
-#[cfg(target_arch = "x86_64")]
-use std::ops::Range;
 use std::sync::OnceLock;
 
 /// How a block's two products are computed.
@@ -642,9 +642,9 @@ fn attend_block(
         unsafe {
             if ctx.values_in_f32() {
                 // Pairs of keys straddle pages: V was decoded to f32 and is packed here.
-                pack_values(s, nk, hdp);
+                bf16_block::pack_values(s, nk, hdp);
             }
-            bf16_block(s, ctx.amx, lanes, nk, hd, hdp, bs);
+            bf16_block::bf16_block(s, ctx.amx, lanes, nk, hd, hdp, bs);
         }
         return;
     }
@@ -767,157 +767,6 @@ fn advance_lane(s: &mut Scratch, lane: usize, new_max: f32, block_sum: f32, hdp:
     }
     s.sum[lane] = s.sum[lane] * correction + block_sum;
     s.max[lane] = new_max;
-}
-
-/// A block on the bf16 path: every lane's scores, softmax step and weighted values. The scores
-/// are `offset[lane] + s[lane][j]`:
-/// `offset` is the lane's f32 dot product with the block's first key `r` (which every lane that
-/// sees the block sees), `s` the bf16 dot product with `k - r`. Softmax does not change when a
-/// lane's scores shift together, but rounding does: Qwen2.5's keys carry large components that
-/// vary slowly with position, and rounding Q and raw K to bf16 moved Qwen2.5-Coder-0.5B's logits
-/// by up to 0.76 and flipped 3 of 256 greedy tokens; centred, the keys are small and the same
-/// test moves logits by 0.15, with one top-1 token of 256 different, where the reference's top
-/// two are 0.007 apart (f16 K/V with f32 scores: 0.08, none). `r` is a fixed key of the block,
-/// so a row's arithmetic does not depend on the batch.
-///
-/// # Safety
-/// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
-/// it for `lanes` lanes, with the block's K and V pairs in place.
-#[cfg(target_arch = "x86_64")]
-unsafe fn bf16_block(
-    s: &mut Scratch,
-    amx: bool,
-    lanes: usize,
-    nk: usize,
-    hd: usize,
-    hdp: usize,
-    bs: usize,
-) {
-    let lanes16 = lanes.next_multiple_of(16);
-    let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
-    bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
-    s.maxima.clear();
-    s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
-    // Weights written per lane: AMX's weighted values take keys 32 at a time (those past a
-    // lane's visible ones weigh exactly 0).
-    let weights = if amx {
-        nk.next_multiple_of(32)
-    } else {
-        nk.next_multiple_of(16)
-    };
-    // AMX takes two tiles of 16 lanes at a time.
-    let chunk = if amx { 32 } else { bf16::MAX_LANES };
-    let mut chunks = std::mem::take(&mut s.chunks);
-    chunks.clear();
-    chunks.extend(seeing_chunks(&s.visible[..lanes], chunk));
-    // Scores, softmax and weighted values chunk by chunk, so that a chunk's scores and weights
-    // are still in L1 when the next step reads them. (For AMX, each step over every chunk
-    // before the next measured the same.)
-    for &(l0, l1, keys) in &chunks {
-        chunk_scores(s, amx, l0..l1, keys, hd, hdp, bs);
-        chunk_softmax(s, l0..l1, weights, hdp, bs);
-        chunk_values(s, amx, l0..l1, keys, hdp, bs);
-    }
-    s.chunks = chunks;
-}
-
-/// The scores of lanes `lanes` against the block's first `keys` keys, and their maxima.
-///
-/// # Safety
-/// As [`bf16_block`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn chunk_scores(
-    s: &mut Scratch,
-    amx: bool,
-    lanes: Range<usize>,
-    keys: usize,
-    hd: usize,
-    hdp: usize,
-    bs: usize,
-) {
-    let (l0, n) = (lanes.start, lanes.len());
-    let (q16, sc) = (s.q16[l0 * hdp..].as_ptr(), s.s[l0 * bs..].as_mut_ptr());
-    let (visible, maxima) = (s.visible[l0..].as_ptr(), s.maxima[l0 * 16..].as_mut_ptr());
-    let k = s.kt2.as_ptr();
-    if amx {
-        let keys32 = keys.next_multiple_of(32);
-        amx::scores(n.div_ceil(16), q16, hdp, k, bs, hd / 2, keys32, sc, bs);
-        bf16::take_maxima(sc, bs, n, visible, maxima);
-    } else {
-        let keys16 = keys.next_multiple_of(16);
-        bf16::scores(q16, hdp, n, k, bs, hd / 2, keys16, sc, bs, visible, maxima);
-    }
-}
-
-/// The softmax step of lanes `lanes`, writing `weights` bf16 weights a lane.
-///
-/// # Safety
-/// As [`bf16_block`], after [`chunk_scores`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn chunk_softmax(
-    s: &mut Scratch,
-    lanes: Range<usize>,
-    weights: usize,
-    hdp: usize,
-    bs: usize,
-) {
-    for lane in lanes {
-        let visible = s.visible[lane];
-        if visible == 0 {
-            // Weights of zero: the lane shares the products with lanes that see keys.
-            s.p16[lane * bs..lane * bs + weights].fill(0);
-            continue;
-        }
-        let (row, out) = (s.s[lane * bs..].as_ptr(), s.p16[lane * bs..].as_mut_ptr());
-        let (sums, o) = (
-            s.sums[lane * 16..].as_mut_ptr(),
-            s.o[lane * hdp..].as_mut_ptr(),
-        );
-        let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
-        let offset = s.offset[lane];
-        bf16::softmax_lane(
-            row, visible, weights, maxima, offset, max, sums, o, hdp, out,
-        );
-    }
-}
-
-/// The weighted values of lanes `lanes` over the block's first `keys` keys.
-///
-/// # Safety
-/// As [`bf16_block`], after [`chunk_softmax`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn chunk_values(
-    s: &mut Scratch,
-    amx: bool,
-    lanes: Range<usize>,
-    keys: usize,
-    hdp: usize,
-    bs: usize,
-) {
-    let (l0, n) = (lanes.start, lanes.len());
-    let (p16, v2) = (s.p16[l0 * bs..].as_ptr(), s.v2.as_ptr());
-    let o = s.o[l0 * hdp..].as_mut_ptr();
-    if amx {
-        let pairs = keys.next_multiple_of(32) / 2;
-        amx::accumulate(n.div_ceil(16), p16, bs, v2, hdp, pairs, o);
-    } else {
-        bf16::accumulate(p16, bs, n, v2, hdp, keys.div_ceil(2), o);
-    }
-}
-
-/// Packs the block's f32 V rows into the bf16 pairs of keys the weighted values take.
-///
-/// # Safety
-/// As [`bf16_block`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn pack_values(s: &mut Scratch, nk: usize, hdp: usize) {
-    for p in 0..nk.div_ceil(2) {
-        let (a, b) = (
-            s.v[2 * p * hdp..].as_ptr(),
-            s.v[(2 * p + 1) * hdp..].as_ptr(),
-        );
-        bf16::pack_pairs(a, b, hdp, s.v2[p * hdp..].as_mut_ptr());
-    }
 }
 
 /// Folds the segment states of a split (rows, KV head) left to right into its output.
