@@ -108,8 +108,6 @@ pub struct QuantMatrix {
 pub struct Scratch {
     q8: Vec<ActQ8>,
     q8k: Vec<ActQ8K>,
-    /// `[num_groups][num_rows, 16]`: each task writes its groups' outputs here.
-    staging: Vec<f32>,
 }
 
 impl Scratch {
@@ -213,21 +211,20 @@ impl QuantMatrix {
             num_rows,
             num_blocks,
         };
-        let staging = grown(&mut scratch.staging, self.num_groups() * num_rows * GROUP);
         match self.format {
             Format::Q8_0 | Format::Q4_1 | Format::Q5_0 => {
                 let acts = grown(&mut scratch.q8, num_rows * num_blocks);
                 act::quantize_q8(x, acts);
-                job.run(acts, staging, out, kernel_q8(self.format, path));
+                job.run(acts, out, kernel_q8(self.format, path));
             }
             Format::Q4K | Format::Q6K => {
                 let acts = grown(&mut scratch.q8k, num_rows * num_blocks);
                 act::quantize_q8k(x, acts);
-                job.run(acts, staging, out, kernel_q8k(self.format, path));
+                job.run(acts, out, kernel_q8k(self.format, path));
             }
             Format::F16 | Format::F32 => {
                 // Float weights read f32 activations directly: one "block" per input value.
-                job.run(x, staging, out, kernel_float(self.format, path));
+                job.run(x, out, kernel_float(self.format, path));
             }
         }
     }
@@ -251,19 +248,20 @@ unsafe impl Send for RowsOut {}
 unsafe impl Sync for RowsOut {}
 
 impl RowsOut {
-    /// Copies group `g`'s `[num_rows, 16]` kernel output into its columns of every row, dropping
-    /// the padding columns of a last partial group.
+    /// Copies a kernel's `[rows, 16]` output for group `g` into its columns of rows
+    /// `first_row..`, dropping the padding columns of a last partial group.
     ///
     /// # Safety
     /// No other thread may access group `g`'s columns meanwhile.
-    unsafe fn put_group(&self, g: usize, group_out: &[f32]) {
+    unsafe fn put(&self, g: usize, first_row: usize, tile: &[f32]) {
         let first = g * GROUP;
         let n = GROUP.min(self.out_dim - first);
-        for r in 0..self.num_rows {
+        assert!(first_row + tile.len() / GROUP <= self.num_rows);
+        for (r, row) in (first_row..).zip(tile.chunks_exact(GROUP)) {
             // SAFETY: `r < num_rows` and `first + n <= out_dim`, inside the output; the caller
             // guarantees the columns are this thread's.
             let dst = std::slice::from_raw_parts_mut(self.ptr.add(r * self.out_dim + first), n);
-            dst.copy_from_slice(&group_out[r * GROUP..r * GROUP + n]);
+            dst.copy_from_slice(&row[..n]);
         }
     }
 }
@@ -279,11 +277,10 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Runs the kernel on every group into `staging` (`[num_groups][num_rows, 16]`) and copies
-    /// each group to `out` (`[num_rows, out_dim]`) right after, while it is in cache.
-    fn run<A: Sync>(&self, acts: &[A], staging: &mut [f32], out: &mut [f32], kernel: Kernel<A>) {
+    /// Runs the kernel on every group, up to [`MAX_KERNEL_ROWS`] rows a call into a tile on
+    /// the stack, and copies each tile to `out` (`[num_rows, out_dim]`) while it is in L1.
+    fn run<A: Sync>(&self, acts: &[A], out: &mut [f32], kernel: Kernel<A>) {
         let group_bytes = self.num_blocks * self.matrix.format.group_block_bytes();
-        let group_out = self.num_rows * GROUP;
         let num_groups = self.matrix.num_groups();
         let row_chunks = self.num_rows.div_ceil(MAX_KERNEL_ROWS);
         assert_eq!(out.len(), self.num_rows * self.matrix.out_dim);
@@ -292,34 +289,29 @@ impl Job<'_> {
             num_rows: self.num_rows,
             out_dim: self.matrix.out_dim,
         };
-        let run_group = |(g, staged): (usize, &mut [f32])| {
+        let run_group = |g: usize| {
             let w = &self.matrix.packed[g * group_bytes..(g + 1) * group_bytes];
+            let mut tile = [0f32; MAX_KERNEL_ROWS * GROUP];
             let act_rows = acts.chunks(MAX_KERNEL_ROWS * self.num_blocks);
-            for (a, o) in act_rows.zip(staged.chunks_mut(MAX_KERNEL_ROWS * GROUP)) {
-                kernel(w, a, o);
+            for (chunk, a) in act_rows.enumerate() {
+                let tile = &mut tile[..a.len() / self.num_blocks * GROUP];
+                kernel(w, a, tile);
+                // SAFETY: every group is run once, by one task.
+                unsafe { rows_out.put(g, chunk * MAX_KERNEL_ROWS, tile) };
             }
-            // SAFETY: every group is run once, by one task.
-            unsafe { rows_out.put_group(g, staged) };
         };
         let num_threads = rayon::current_num_threads();
         if num_threads == 1 || self.matrix.packed.len() * row_chunks <= SERIAL_BYTES {
-            staging
-                .chunks_mut(group_out)
-                .enumerate()
-                .for_each(run_group);
+            (0..num_groups).for_each(run_group);
             return;
         }
         // A few tasks per thread balance uneven progress; each task takes whole groups.
         let num_tasks = (num_threads * 4).min(num_groups);
         let per_task = num_groups.div_ceil(num_tasks);
-        staging
-            .par_chunks_mut(per_task * group_out)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let first = task * per_task;
-                out.chunks_mut(group_out)
-                    .enumerate()
-                    .for_each(|(i, o)| run_group((first + i, o)));
+        (0..num_groups.div_ceil(per_task))
+            .into_par_iter()
+            .for_each(|task| {
+                (task * per_task..((task + 1) * per_task).min(num_groups)).for_each(run_group)
             });
     }
 }
