@@ -18,8 +18,11 @@ fn server() -> TestServer {
         kv_memory: KvMemory::Bytes(64 << 20),
         kv_dtype: KvDtype::F32,
         context_window: Some(4096),
+        // A fixed depth: an adaptive one follows verify costs timed while the machine runs
+        // other tests, and once drafted only 3 predicted tokens (1 accepted) under load.
         speculative: SpecConfig {
             mode: SpecMode::Auto,
+            depth: Some(8),
             ..SpecConfig::default()
         },
         ..EngineConfig::default()
