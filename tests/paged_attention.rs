@@ -337,14 +337,22 @@ fn the_default_entry_point_matches_the_reference() {
 #[test]
 fn a_row_is_bit_identical_alone_in_any_batch_and_any_split() {
     // What greedy speculative decoding relies on: a verify row equals the decode row it stands
-    // for, and a row does not change with its neighbours or with how the keys are split.
+    // for, and a row does not change with its neighbours or with how the keys are split. (A
+    // decode row alone is a task of one lane chunk, which the bf16 path reads in place from the
+    // pages; in a batch its rows share tasks that pack K and V first.)
+    for dtype in [KvDtype::F16, KvDtype::Q8, KvDtype::F32] {
+        rows_are_bit_identical_alone_in_any_batch(dtype);
+    }
+}
+
+fn rows_are_bit_identical_alone_in_any_batch(dtype: KvDtype) {
     let case = Case {
         page_size: 16,
         num_heads: 14,
         num_kv_heads: 2,
         head_dim: 64,
         seqs: vec![(3_000, 9), (700, 1), (1_020, 30), (0, 5)],
-        dtype: KvDtype::F16,
+        dtype,
         seed: 5,
     };
     let fx = Fixture::build(&case);
@@ -355,7 +363,7 @@ fn a_row_is_bit_identical_alone_in_any_batch_and_any_split() {
             let again = fx.attend(Some((path, threads)), &fx.rows, &fx.q);
             assert!(
                 batch == again,
-                "{path:?}: {threads} threads changed the batch"
+                "{path:?}, {dtype:?}: {threads} threads changed the batch"
             );
         }
         for (r, row) in fx.rows.iter().enumerate() {
@@ -364,7 +372,7 @@ fn a_row_is_bit_identical_alone_in_any_batch_and_any_split() {
                 let alone = fx.attend(Some((path, threads)), &[*row], q);
                 assert!(
                     alone[..] == batch[r * width..(r + 1) * width],
-                    "{path:?}: row {r} at {} differs alone ({threads} threads)",
+                    "{path:?}, {dtype:?}: row {r} at {} differs alone ({threads} threads)",
                     row.position
                 );
             }

@@ -124,16 +124,16 @@ pub fn repack(
     Ok((format, packed))
 }
 
-/// `len` zero bytes, in transparent huge pages where the kernel gives them on request (Linux
-/// with THP in `madvise` mode, as Debian's default): a decode step streams every weight once,
-/// and with 4 KB pages it takes a TLB miss every 4 KB. Only whole 2 MB pages inside the
-/// allocation are advised.
-pub fn huge_page_zeroed(len: usize) -> Vec<u8> {
-    let mut v: Vec<u8> = Vec::with_capacity(len);
+/// `len` default values (zero bytes), in transparent huge pages where the kernel gives them on
+/// request (Linux with THP in `madvise` mode, as Debian's default): a decode step streams every
+/// weight (and, deep in a context, every K/V page) once, and with 4 KB pages it takes a TLB
+/// miss every 4 KB. Only whole 2 MB pages inside the allocation are advised.
+pub fn huge_page_zeroed<T: Copy + Default>(len: usize) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(len);
     #[cfg(target_os = "linux")]
     {
         let spare = v.spare_capacity_mut();
-        let (start, bytes) = (spare.as_ptr() as usize, spare.len());
+        let (start, bytes) = (spare.as_ptr() as usize, std::mem::size_of_val(spare));
         let aligned = start.next_multiple_of(2 << 20);
         if bytes > aligned - start + (2 << 20) {
             // SAFETY: advice only, on a range inside `v`'s allocation.
@@ -146,7 +146,7 @@ pub fn huge_page_zeroed(len: usize) -> Vec<u8> {
             }
         }
     }
-    v.resize(len, 0);
+    v.resize(len, T::default());
     v
 }
 

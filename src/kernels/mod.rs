@@ -66,7 +66,7 @@ use rayon::prelude::*;
 
 pub use act::{quantize_block, ActQ8, ActQ8K};
 pub use dispatch::{cpu_is_amd, Dispatch};
-pub use layout::{Format, GROUP};
+pub use layout::{huge_page_zeroed, Format, GROUP};
 
 /// Why a matrix could not be packed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -99,7 +99,7 @@ pub enum HeadRows<'a> {
     Q8 { values: &'a [i8], scales: &'a [f32] },
 }
 
-impl HeadRows<'_> {
+impl<'a> HeadRows<'a> {
     /// V: decodes the first `num_slots` rows (`[slot][head_dim]`) into `out`, one row every
     /// `out_stride` elements (`out_stride >= head_dim`).
     pub fn decode_rows(
@@ -162,24 +162,41 @@ impl HeadRows<'_> {
     /// [`HeadRows::decode_columns`] decodes it.
     pub fn column(&self, slot: usize, head_dim: usize, out: &mut [f32]) {
         let page_size = self.len() / head_dim;
-        for (d, o) in out[..head_dim].iter_mut().enumerate() {
-            let at = d * page_size + slot;
-            *o = match self {
-                HeadRows::F16(src) => src[at].to_f32(),
-                HeadRows::F32(src) => src[at],
-                HeadRows::Q8 { values, scales } => values[at] as f32 * scales[slot],
-            };
+        let out = &mut out[..head_dim];
+        // (One `match` outside the loop: attention decodes a column for every block it reads.)
+        match self {
+            HeadRows::F16(src) => {
+                for (o, x) in out.iter_mut().zip(src[slot..].iter().step_by(page_size)) {
+                    *o = x.to_f32();
+                }
+            }
+            HeadRows::F32(src) => {
+                for (o, x) in out.iter_mut().zip(src[slot..].iter().step_by(page_size)) {
+                    *o = *x;
+                }
+            }
+            HeadRows::Q8 { values, scales } => {
+                let scale = scales[slot];
+                for (o, x) in out.iter_mut().zip(values[slot..].iter().step_by(page_size)) {
+                    *o = *x as f32 * scale;
+                }
+            }
+        }
+    }
+
+    /// The block's elements as bytes (a q8 block's integers, not its scales).
+    pub fn bytes(&self) -> &'a [u8] {
+        match *self {
+            HeadRows::F16(s) => bytes_of(s),
+            HeadRows::F32(s) => bytes_of(s),
+            HeadRows::Q8 { values, .. } => bytes_of(values),
         }
     }
 
     /// Asks the CPU to start loading the block into cache (no-op off x86-64).
     #[inline]
     pub fn prefetch(&self) {
-        let bytes: &[u8] = match self {
-            HeadRows::F16(s) => bytes_of(s),
-            HeadRows::F32(s) => bytes_of(s),
-            HeadRows::Q8 { values, .. } => bytes_of(values),
-        };
+        let bytes = self.bytes();
         // The hint measured best differs: non-temporal on AMD Zen 4 (the block is read once,
         // soon); on an Intel Xeon it made decode at 16K context 1.6x slower than the T1 hint
         // (L2) or none at all, which measured alike.
@@ -222,7 +239,7 @@ impl<T: Copy + Default> Chunks<T> {
     }
     fn ensure(&mut self, chunk: usize, elems: usize) {
         while self.chunks.len() <= chunk {
-            self.chunks.push(vec![T::default(); elems]);
+            self.chunks.push(crate::kernels::huge_page_zeroed(elems));
         }
     }
     fn bytes(&self) -> usize {
@@ -266,7 +283,9 @@ pub struct KvStorage {
     shape: KvShape,
     dtype: KvDtype,
     max_pages: usize,
+    /// Pages a chunk holds: `1 << chunk_shift`.
     pages_per_chunk: usize,
+    chunk_shift: u32,
     data: KvData,
 }
 
@@ -276,7 +295,12 @@ const TARGET_CHUNK_BYTES: usize = 8 << 20;
 
 impl KvStorage {
     pub fn new(shape: KvShape, dtype: KvDtype, max_pages: usize) -> Self {
-        let pages_per_chunk = (TARGET_CHUNK_BYTES / shape.page_bytes(dtype)).clamp(1, 4096);
+        // A power of two, so that finding a page's chunk (for every page of every block that
+        // attention reads) is a shift, not a division.
+        let chunk_shift = (TARGET_CHUNK_BYTES / shape.page_bytes(dtype))
+            .clamp(1, 4096)
+            .ilog2();
+        let pages_per_chunk = 1 << chunk_shift;
         let data = match dtype {
             KvDtype::F16 => KvData::F16(Chunks::new()),
             KvDtype::F32 => KvData::F32(Chunks::new()),
@@ -290,6 +314,7 @@ impl KvStorage {
             dtype,
             max_pages,
             pages_per_chunk,
+            chunk_shift,
             data,
         }
     }
@@ -320,9 +345,9 @@ impl KvStorage {
     /// A chunk is laid out `[layer][head][page][kind]`, so that one head's K and V of
     /// consecutive pages sit side by side and attention streams through them.
     fn locate(&self, page: usize, layer: usize, kind: KvKind, head: usize) -> (usize, usize) {
-        let chunk = page / self.pages_per_chunk;
+        let chunk = page >> self.chunk_shift;
         let pages_in_chunk = self.pages_in_chunk(chunk);
-        let page_in_chunk = page % self.pages_per_chunk;
+        let page_in_chunk = page & (self.pages_per_chunk - 1);
         let block = ((layer * self.shape.num_kv_heads + head) * pages_in_chunk + page_in_chunk) * 2
             + kind as usize;
         (chunk, block)
@@ -335,7 +360,7 @@ impl KvStorage {
 
     fn ensure_page(&mut self, page_id: usize) {
         assert!(page_id < self.max_pages, "page {page_id} beyond the pool");
-        let chunk = page_id / self.pages_per_chunk;
+        let chunk = page_id >> self.chunk_shift;
         let pages_in_chunk = self.pages_in_chunk(chunk);
         let elems = pages_in_chunk * self.shape.page_elems();
         let scales = pages_in_chunk * self.shape.page_scales();

@@ -33,7 +33,7 @@ pub const MAX_LANES: usize = 8;
 
 /// `_mm512_permutexvar_epi16` indices that interleave the two halves of a
 /// `_mm512_cvtne2ps_pbh(b, a)` result into (a[i], b[i]) pairs.
-const INTERLEAVE: [u16; 32] = {
+pub(super) const INTERLEAVE: [u16; 32] = {
     let mut idx = [0u16; 32];
     let mut i = 0;
     while i < 16 {
@@ -57,6 +57,172 @@ pub unsafe fn pack_pairs(a: *const f32, b: *const f32, n: usize, out: *mut u32) 
     }
 }
 
+/// One head's K or V block of a page, as the kernels read it: [`HeadRows`] with its element type
+/// made a type parameter, so that the decoding of each vector is not a `match`.
+pub(super) trait PageSrc: Copy {
+    /// Bytes an element takes.
+    const ELEM_BYTES: usize;
+    /// The block of `rows`, which must hold this type's elements.
+    fn of(rows: &HeadRows) -> Self;
+    /// 16 values from element `at` decoded to f32 (lanes outside `m` read as 0), as
+    /// [`HeadRows`]' own decoders do; a q8 page's integers are multiplied by `scale`.
+    ///
+    /// # Safety
+    /// The CPU must support the kernels and the lanes of `m` must lie inside the block.
+    unsafe fn load16(self, at: usize, m: __mmask16, scale: __m512) -> __m512;
+    /// The scales of the 16 slots from `slot` (lanes outside `m` 0; 0 unless q8): what
+    /// [`PageSrc::load16`] takes for a row of K, whose lanes are slots.
+    ///
+    /// # Safety
+    /// As [`PageSrc::load16`].
+    unsafe fn slot_scales(self, slot: usize, m: __mmask16) -> __m512;
+    /// The scale of `slot` in every lane (0 unless q8): what [`PageSrc::load16`] takes for a
+    /// row of V, which is one slot.
+    ///
+    /// # Safety
+    /// `slot` must lie inside the block.
+    unsafe fn slot_scale(self, slot: usize) -> __m512;
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct F16Page(*const u16);
+#[derive(Clone, Copy)]
+pub(super) struct F32Page(*const f32);
+#[derive(Clone, Copy)]
+pub(super) struct Q8Page {
+    values: *const i8,
+    scales: *const f32,
+}
+
+impl PageSrc for F16Page {
+    const ELEM_BYTES: usize = 2;
+    fn of(rows: &HeadRows) -> Self {
+        let HeadRows::F16(src) = rows else {
+            unreachable!("pages of one storage share their element type")
+        };
+        F16Page(src.as_ptr().cast())
+    }
+    #[inline(always)]
+    unsafe fn load16(self, at: usize, m: __mmask16, _: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, self.0.add(at).cast()))
+    }
+    #[inline(always)]
+    unsafe fn slot_scales(self, _: usize, _: __mmask16) -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn slot_scale(self, _: usize) -> __m512 {
+        _mm512_setzero_ps()
+    }
+}
+
+impl PageSrc for F32Page {
+    const ELEM_BYTES: usize = 4;
+    fn of(rows: &HeadRows) -> Self {
+        let HeadRows::F32(src) = rows else {
+            unreachable!("pages of one storage share their element type")
+        };
+        F32Page(src.as_ptr())
+    }
+    #[inline(always)]
+    unsafe fn load16(self, at: usize, m: __mmask16, _: __m512) -> __m512 {
+        _mm512_maskz_loadu_ps(m, self.0.add(at))
+    }
+    #[inline(always)]
+    unsafe fn slot_scales(self, _: usize, _: __mmask16) -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn slot_scale(self, _: usize) -> __m512 {
+        _mm512_setzero_ps()
+    }
+}
+
+impl PageSrc for Q8Page {
+    const ELEM_BYTES: usize = 1;
+    fn of(rows: &HeadRows) -> Self {
+        let HeadRows::Q8 { values, scales } = rows else {
+            unreachable!("pages of one storage share their element type")
+        };
+        Q8Page {
+            values: values.as_ptr(),
+            scales: scales.as_ptr(),
+        }
+    }
+    #[inline(always)]
+    unsafe fn load16(self, at: usize, m: __mmask16, scale: __m512) -> __m512 {
+        let q = _mm_maskz_loadu_epi8(m, self.values.add(at).cast());
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
+    }
+    #[inline(always)]
+    unsafe fn slot_scales(self, slot: usize, m: __mmask16) -> __m512 {
+        _mm512_maskz_loadu_ps(m, self.scales.add(slot))
+    }
+    #[inline(always)]
+    unsafe fn slot_scale(self, slot: usize) -> __m512 {
+        _mm512_set1_ps(*self.scales.add(slot))
+    }
+}
+
+/// Calls `$f::<S>($rows_as_s, args)` with `S` the [`PageSrc`] of `$rows`' element type.
+macro_rules! with_page_src {
+    ($rows:expr, $f:ident($($arg:expr),*)) => {
+        match $rows {
+            rows @ HeadRows::F16(_) => $f(F16Page::of(rows), $($arg),*),
+            rows @ HeadRows::F32(_) => $f(F32Page::of(rows), $($arg),*),
+            rows @ HeadRows::Q8 { .. } => $f(Q8Page::of(rows), $($arg),*),
+        }
+    };
+}
+pub(super) use with_page_src;
+
+/// The scores' K operand for the 16 keys from `j` of a page whose rows (dimensions) are
+/// `page_size` apart: the (`k[2p][j..]` − `r[2p]`, `k[2p + 1][j..]` − `r[2p + 1]`) pairs in bf16,
+/// `k[d][j]` decoded as [`HeadRows::decode_columns`] decodes it (`scale`: the slots' q8 scales).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn key_pair<S: PageSrc>(
+    page: S,
+    page_size: usize,
+    j: usize,
+    p: usize,
+    m: __mmask16,
+    scale: __m512,
+    r: *const f32,
+    idx: __m512i,
+) -> __m512i {
+    let load = |d: usize| {
+        let k = page.load16(d * page_size + j, m, scale);
+        _mm512_sub_ps(k, _mm512_set1_ps(*r.add(d)))
+    };
+    interleave(load(2 * p), load(2 * p + 1), idx)
+}
+
+/// The weighted values' V operand for dimensions `d..d + 16` of slots `a` and `a + 1` of a
+/// page holding `n` of the block's slots: (`v[a][d..]`, `v[a + 1][d..]`) in bf16, a slot at or
+/// past `n` reading as 0, `v` decoded as [`HeadRows::decode_rows`] decodes it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn value_pair<S: PageSrc>(
+    page: S,
+    n: usize,
+    head_dim: usize,
+    a: usize,
+    d: usize,
+    m: __mmask16,
+    idx: __m512i,
+) -> __m512i {
+    let load = |slot: usize| {
+        if slot >= n {
+            return _mm512_setzero_ps();
+        }
+        page.load16(slot * head_dim + d, m, page.slot_scale(slot))
+    };
+    interleave(load(a), load(a + 1), idx)
+}
+
 /// The scores' K operand straight from a page: `out[p * out_stride + j] = (bf16(k[2p][j] -
 /// r[2p]), bf16(k[2p + 1][j] - r[2p + 1]))` for `j < num_slots` and `p < head_dim / 2`, where
 /// `k[d][j]` is what [`HeadRows::decode_columns`] decodes (no f32 copy of the block is made).
@@ -64,7 +230,6 @@ pub unsafe fn pack_pairs(a: *const f32, b: *const f32, n: usize, out: *mut u32) 
 /// # Safety
 /// The CPU must support the kernels; `head_dim` is even, `r` holds `head_dim` floats and `out`
 /// has room for every index above.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 pub unsafe fn key_pairs(
     rows: &HeadRows,
     num_slots: usize,
@@ -74,20 +239,28 @@ pub unsafe fn key_pairs(
     out_stride: usize,
 ) {
     let page_size = rows.len() / head_dim;
+    with_page_src!(
+        rows,
+        key_pairs_of(page_size, num_slots, head_dim, r, out, out_stride)
+    )
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+unsafe fn key_pairs_of<S: PageSrc>(
+    page: S,
+    page_size: usize,
+    num_slots: usize,
+    head_dim: usize,
+    r: *const f32,
+    out: *mut u32,
+    out_stride: usize,
+) {
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
     for j in (0..num_slots).step_by(16) {
         let m = live(num_slots, j);
-        // Each key (slot) of a q8 page has its own scale.
-        let scale = match *rows {
-            HeadRows::Q8 { scales, .. } => _mm512_maskz_loadu_ps(m, scales.as_ptr().add(j)),
-            _ => _mm512_setzero_ps(),
-        };
-        let load = |d: usize| {
-            let k = load16(rows, d * page_size + j, m, scale);
-            _mm512_sub_ps(k, _mm512_set1_ps(*r.add(d)))
-        };
+        let scale = page.slot_scales(j, m);
         for p in 0..head_dim / 2 {
-            let pairs = interleave(load(2 * p), load(2 * p + 1), idx);
+            let pairs = key_pair(page, page_size, j, p, m, scale, r, idx);
             _mm512_mask_storeu_epi32(out.add(p * out_stride + j).cast(), m, pairs);
         }
     }
@@ -99,7 +272,6 @@ pub unsafe fn key_pairs(
 ///
 /// # Safety
 /// The CPU must support the kernels; `out` has room for every index above.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 pub unsafe fn value_pairs(
     rows: &HeadRows,
     num_slots: usize,
@@ -107,40 +279,23 @@ pub unsafe fn value_pairs(
     out: *mut u32,
     out_stride: usize,
 ) {
+    with_page_src!(rows, value_pairs_of(num_slots, head_dim, out, out_stride))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+unsafe fn value_pairs_of<S: PageSrc>(
+    page: S,
+    num_slots: usize,
+    head_dim: usize,
+    out: *mut u32,
+    out_stride: usize,
+) {
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
-    let load = |slot: usize, d: usize, m: __mmask16| {
-        if slot >= num_slots {
-            return _mm512_setzero_ps();
-        }
-        let scale = match *rows {
-            HeadRows::Q8 { scales, .. } => _mm512_set1_ps(scales[slot]),
-            _ => _mm512_setzero_ps(),
-        };
-        load16(rows, slot * head_dim + d, m, scale)
-    };
     for i in 0..num_slots.div_ceil(2) {
         for d in (0..head_dim).step_by(16) {
             let m = live(head_dim, d);
-            let pairs = interleave(load(2 * i, d, m), load(2 * i + 1, d, m), idx);
+            let pairs = value_pair(page, num_slots, head_dim, 2 * i, d, m, idx);
             _mm512_mask_storeu_epi32(out.add(i * out_stride + d).cast(), m, pairs);
-        }
-    }
-}
-
-/// 16 values of a page from element `at` decoded to f32 (lanes outside `m` read as 0), as
-/// [`HeadRows`]' own decoders do; a q8 page's integers are multiplied by `q8_scale`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,f16c")]
-unsafe fn load16(rows: &HeadRows, at: usize, m: __mmask16, q8_scale: __m512) -> __m512 {
-    match *rows {
-        HeadRows::F16(src) => {
-            let src = src.as_ptr().cast::<u16>().add(at);
-            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.cast()))
-        }
-        HeadRows::F32(src) => _mm512_maskz_loadu_ps(m, src.as_ptr().add(at)),
-        HeadRows::Q8 { values, .. } => {
-            let q = _mm_maskz_loadu_epi8(m, values.as_ptr().add(at).cast());
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), q8_scale)
         }
     }
 }
@@ -148,7 +303,7 @@ unsafe fn load16(rows: &HeadRows, at: usize, m: __mmask16, q8_scale: __m512) -> 
 /// `(bf16(a[i]), bf16(b[i]))` as 16 32-bit pairs (`idx`: [`INTERLEAVE`] loaded).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn interleave(a: __m512, b: __m512, idx: __m512i) -> __m512i {
+pub(super) unsafe fn interleave(a: __m512, b: __m512, idx: __m512i) -> __m512i {
     let halves = _mm512_cvtne2ps_pbh(b, a);
     _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves))
 }
@@ -408,7 +563,7 @@ unsafe fn exp_below(x: __m512, m_log2e: __m512) -> __m512 {
 
 /// Mask of the lanes of the 16 starting at `j` that are below `visible`.
 #[inline]
-fn live(visible: usize, j: usize) -> __mmask16 {
+pub(super) fn live(visible: usize, j: usize) -> __mmask16 {
     let n = visible.saturating_sub(j).min(16);
     ((1u32 << n) - 1) as __mmask16
 }
@@ -493,7 +648,7 @@ unsafe fn dot_pairs<const L: usize, const C: usize>(
 /// The bf16 pair at `p` in all 16 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn bcast_pair(p: *const u16) -> __m512bh {
+pub(super) unsafe fn bcast_pair(p: *const u16) -> __m512bh {
     std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(p.cast::<i32>().read_unaligned()))
 }
 

@@ -1,6 +1,7 @@
 //! A block on the bf16 path (AVX-512 BF16 or AMX): scores against centred keys, the softmax
 //! step and the weighted values, lane chunk by lane chunk, over the task's scratch.
 
+use super::bf16_pages::{self, BlockPages};
 use super::{amx, bf16, seeing_chunks, Scratch};
 use std::ops::Range;
 
@@ -18,9 +19,11 @@ use std::ops::Range;
 /// # Safety
 /// The CPU must support the bf16 kernels, and the scratch must be sized as `attend_task` sizes
 /// it for `lanes` lanes, with the block's K and V pairs in place.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn bf16_block(
     s: &mut Scratch,
     amx: bool,
+    pages: Option<&BlockPages>,
     lanes: usize,
     nk: usize,
     hd: usize,
@@ -48,9 +51,9 @@ pub(super) unsafe fn bf16_block(
     // are still in L1 when the next step reads them. (For AMX, each step over every chunk
     // before the next measured the same.)
     for &(l0, l1, keys) in &chunks {
-        chunk_scores(s, amx, l0..l1, keys, hd, hdp, bs);
+        chunk_scores(s, amx, pages, l0..l1, keys, hd, hdp, bs);
         chunk_softmax(s, l0..l1, weights, hdp, bs);
-        chunk_values(s, amx, l0..l1, keys, hdp, bs);
+        chunk_values(s, amx, pages, l0..l1, keys, hdp, bs);
     }
     s.chunks = chunks;
 }
@@ -59,9 +62,11 @@ pub(super) unsafe fn bf16_block(
 ///
 /// # Safety
 /// As [`bf16_block`].
+#[allow(clippy::too_many_arguments)]
 unsafe fn chunk_scores(
     s: &mut Scratch,
     amx: bool,
+    pages: Option<&BlockPages>,
     lanes: Range<usize>,
     keys: usize,
     hd: usize,
@@ -72,7 +77,11 @@ unsafe fn chunk_scores(
     let (q16, sc) = (s.q16[l0 * hdp..].as_ptr(), s.s[l0 * bs..].as_mut_ptr());
     let (visible, maxima) = (s.visible[l0..].as_ptr(), s.maxima[l0 * 16..].as_mut_ptr());
     let k = s.kt2.as_ptr();
-    if amx {
+    if let Some(pages) = pages {
+        let keys16 = keys.next_multiple_of(16);
+        let r = s.kref.as_ptr();
+        bf16_pages::scores(pages, hd, r, q16, hdp, n, keys16, sc, bs, visible, maxima);
+    } else if amx {
         let keys32 = keys.next_multiple_of(32);
         amx::scores(n.div_ceil(16), q16, hdp, k, bs, hd / 2, keys32, sc, bs);
         bf16::take_maxima(sc, bs, n, visible, maxima);
@@ -120,6 +129,7 @@ unsafe fn chunk_softmax(
 unsafe fn chunk_values(
     s: &mut Scratch,
     amx: bool,
+    pages: Option<&BlockPages>,
     lanes: Range<usize>,
     keys: usize,
     hdp: usize,
@@ -128,7 +138,9 @@ unsafe fn chunk_values(
     let (l0, n) = (lanes.start, lanes.len());
     let (p16, v2) = (s.p16[l0 * bs..].as_ptr(), s.v2.as_ptr());
     let o = s.o[l0 * hdp..].as_mut_ptr();
-    if amx {
+    if let Some(pages) = pages {
+        bf16_pages::accumulate(pages, p16, bs, n, keys.div_ceil(2), o, hdp);
+    } else if amx {
         let pairs = keys.next_multiple_of(32) / 2;
         amx::accumulate(n.div_ceil(16), p16, bs, v2, hdp, pairs, o);
     } else {

@@ -30,18 +30,25 @@
 
 /// Dispatches a run-time lane count (1 to 8) to a kernel instantiated for it: the AVX-512
 /// microkernels (`micro`, `bf16`) take up to 8 lanes.
+/// (`$f::<T; _, C>` passes a leading type parameter `T` through.)
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_lanes {
     ($lanes:expr, $f:ident :: <_, $c:tt>($($arg:expr),*)) => {
+        by_lanes!(@ $lanes, $f, [], $c, ($($arg),*))
+    };
+    ($lanes:expr, $f:ident :: <$t:ty; _, $c:tt>($($arg:expr),*)) => {
+        by_lanes!(@ $lanes, $f, [$t,], $c, ($($arg),*))
+    };
+    (@ $lanes:expr, $f:ident, [$($t:ty,)?], $c:tt, ($($arg:expr),*)) => {
         match $lanes {
-            1 => $f::<1, $c>($($arg),*),
-            2 => $f::<2, $c>($($arg),*),
-            3 => $f::<3, $c>($($arg),*),
-            4 => $f::<4, $c>($($arg),*),
-            5 => $f::<5, $c>($($arg),*),
-            6 => $f::<6, $c>($($arg),*),
-            7 => $f::<7, $c>($($arg),*),
-            _ => $f::<8, $c>($($arg),*),
+            1 => $f::<$($t,)? 1, $c>($($arg),*),
+            2 => $f::<$($t,)? 2, $c>($($arg),*),
+            3 => $f::<$($t,)? 3, $c>($($arg),*),
+            4 => $f::<$($t,)? 4, $c>($($arg),*),
+            5 => $f::<$($t,)? 5, $c>($($arg),*),
+            6 => $f::<$($t,)? 6, $c>($($arg),*),
+            7 => $f::<$($t,)? 7, $c>($($arg),*),
+            _ => $f::<$($t,)? 8, $c>($($arg),*),
         }
     };
 }
@@ -64,14 +71,20 @@ macro_rules! by_lanes4 {
 /// the run-time lane count made the constant `L` ([`by_lanes`]).
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_tiles {
-    ($lanes:expr, $n:expr, $at:ident => $f:ident($($arg:expr),*)) => {{
+    ($lanes:expr, $n:expr, $at:ident => $f:ident($($arg:expr),*)) => {
+        by_tiles!(@ $lanes, $n, $at, $f, [], ($($arg),*))
+    };
+    ($lanes:expr, $n:expr, $at:ident => $f:ident :: <$t:ty>($($arg:expr),*)) => {
+        by_tiles!(@ $lanes, $n, $at, $f, [$t,], ($($arg),*))
+    };
+    (@ $lanes:expr, $n:expr, $at:ident, $f:ident, [$($t:ty,)?], ($($arg:expr),*)) => {{
         let mut $at = 0;
         while $at + 32 <= $n {
-            by_lanes!($lanes, $f::<_, 2>($($arg),*));
+            by_lanes!(@ $lanes, $f, [$($t,)?], 2, ($($arg),*));
             $at += 32;
         }
         if $at < $n {
-            by_lanes!($lanes, $f::<_, 1>($($arg),*));
+            by_lanes!(@ $lanes, $f, [$($t,)?], 1, ($($arg),*));
         }
     }};
 }
@@ -82,6 +95,8 @@ mod amx;
 mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod bf16_block;
+#[cfg(target_arch = "x86_64")]
+mod bf16_pages;
 #[cfg(target_arch = "x86_64")]
 mod in_place;
 mod micro;
@@ -291,10 +306,15 @@ pub fn paged_attention_with(
         path == Dispatch::Avx2 && kv.dtype() == KvDtype::F16 && in_place::usable(page_size, hd);
     #[cfg(not(target_arch = "x86_64"))]
     let in_place = false;
+    #[cfg(target_arch = "x86_64")]
+    let bf16_pages = bf16 && !amx && bf16_pages::usable(page_size, hd);
+    #[cfg(not(target_arch = "x86_64"))]
+    let bf16_pages = false;
     let ctx = Context {
         path,
         bf16,
         amx,
+        bf16_pages,
         in_place,
         q,
         rows,
@@ -324,6 +344,10 @@ struct Context<'a> {
     /// Both bf16 products on AMX tiles (16 lanes a tile).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     amx: bool,
+    /// On the bf16 path (not AMX), tasks of one lane chunk (a decode row) read K and V in place
+    /// from the pages (`bf16_pages`), with no packed copy of the block.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    bf16_pages: bool,
     /// The f32 products on AVX2 read f16 K and V in place from the pages (`in_place`), with no
     /// f32 scratch copy of the block.
     in_place: bool,
@@ -584,6 +608,9 @@ fn attend_block(
     }
     #[cfg(target_arch = "x86_64")]
     let mut in_place_pages = InPlacePages::default();
+    #[cfg(target_arch = "x86_64")]
+    let mut block_pages = (ctx.bf16_pages && lanes <= bf16::MAX_LANES)
+        .then(|| bf16_pages::BlockPages::new(page_size));
     // Decode the block's pages (or, in place, note where they are).
     let mut j = 0;
     while j < nk {
@@ -592,6 +619,13 @@ fn attend_block(
         let page = table[pos / page_size];
         let n = page_size.min(nk - j);
         let keys = kv.head_rows(page, ctx.layer, KvKind::Key, task.kv_head);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(pages) = &mut block_pages {
+            let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
+            pages.push(keys, values, n);
+            j += n;
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
         if ctx.in_place {
             let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
@@ -621,11 +655,27 @@ fn attend_block(
         values.decode_rows(n, hd, &mut s.v[j * hdp..], hdp);
         j += n;
     }
-    // Let the next block's pages stream in while this one is computed.
+    // Let the next block's pages stream in while this one is computed: all at once, or, read
+    // in place, each line as the same place of this block is read.
     let next = kb + nk;
     if next < prefetch_end {
         let last = (next + bk).min(prefetch_end) - 1;
-        for &page in &table[next / page_size..=last / page_size] {
+        let next_pages = &table[next / page_size..=last / page_size];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(pages) = &mut block_pages {
+            for (i, &page) in next_pages.iter().enumerate() {
+                let keys = kv.head_rows(page, ctx.layer, KvKind::Key, task.kv_head);
+                let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
+                pages.push_next(i, keys, values);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        let next_pages = if block_pages.is_some() {
+            &[]
+        } else {
+            next_pages
+        };
+        for &page in next_pages {
             for kind in [KvKind::Key, KvKind::Value] {
                 kv.head_rows(page, ctx.layer, kind, task.kv_head).prefetch();
             }
@@ -640,11 +690,12 @@ fn attend_block(
     if ctx.bf16 {
         // SAFETY: the caller checked the path; `attend_task` sized the scratch for this task.
         unsafe {
-            if ctx.values_in_f32() {
+            if block_pages.is_none() && ctx.values_in_f32() {
                 // Pairs of keys straddle pages: V was decoded to f32 and is packed here.
                 bf16_block::pack_values(s, nk, hdp);
             }
-            bf16_block::bf16_block(s, ctx.amx, lanes, nk, hd, hdp, bs);
+            let pages = block_pages.as_ref();
+            bf16_block::bf16_block(s, ctx.amx, pages, lanes, nk, hd, hdp, bs);
         }
         return;
     }
