@@ -71,6 +71,13 @@ const LAYER: usize = 1;
 
 impl Fixture {
     fn build(case: &Case) -> Fixture {
+        Self::build_with_outliers(case, None)
+    }
+
+    /// With `outliers = Some((factor, scaled))`, two key channels (a rotary pair) carry an offset
+    /// `factor` times the others' range, as Qwen2.5's (from its K bias) do; `scaled` stores q8
+    /// keys over channel scales (each channel's largest |k|, as `runner::calibrate` measures).
+    fn build_with_outliers(case: &Case, outliers: Option<(f32, bool)>) -> Fixture {
         let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
         let hd = case.head_dim;
         let kv_width = case.num_kv_heads * hd;
@@ -87,6 +94,15 @@ impl Fixture {
         let decoys = pool.try_allocate(rng.random_range(0..4)).unwrap();
         let mut storage = KvStorage::new(shape, case.dtype, num_pages);
 
+        if let Some((factor, true)) = outliers {
+            let mut scales = vec![1f32; 2 * kv_width];
+            for (i, s) in scales.iter_mut().enumerate() {
+                if [3, 3 + hd / 2].contains(&(i % hd)) {
+                    *s = factor + 1.0;
+                }
+            }
+            storage.set_key_channels(scales.into());
+        }
         let mut tables = Vec::new();
         let mut keys = Vec::new();
         let mut values = Vec::new();
@@ -100,9 +116,16 @@ impl Fixture {
                 table.try_grow(step, &mut pool).unwrap();
                 grown += step;
             }
-            let k: Vec<f32> = (0..len * kv_width)
+            let mut k: Vec<f32> = (0..len * kv_width)
                 .map(|_| rng.random_range(-1.0..1.0))
                 .collect();
+            if let Some((factor, _)) = outliers {
+                for (i, x) in k.iter_mut().enumerate() {
+                    if [3, 3 + hd / 2].contains(&(i % hd)) {
+                        *x += factor;
+                    }
+                }
+            }
             let v: Vec<f32> = (0..len * kv_width)
                 .map(|_| rng.random_range(-1.0..1.0))
                 .collect();
@@ -332,6 +355,36 @@ fn the_default_entry_point_matches_the_reference() {
     let err = fx.max_error(&fx.attend(None, &fx.rows, &fx.q));
     let path = AttentionPath::for_kv(KvDtype::F16);
     assert!(err < tolerance(path, KvDtype::F16), "{path:?}: {err}");
+}
+
+#[test]
+fn q8_keys_with_outlier_channels_match_the_reference_over_channel_scales() {
+    // Two key channels offset by 40 times the others' range: one int8 scale per token then
+    // leaves the other channels a few levels each. Stored over channel scales (queries multiplied back by them),
+    // every path stays within the q8 tolerance, and several times closer than without them.
+    let case = Case {
+        page_size: 16,
+        num_heads: 14,
+        num_kv_heads: 2,
+        head_dim: 64,
+        seqs: vec![(600, 9), (300, 1)],
+        dtype: KvDtype::Q8,
+        seed: 11,
+    };
+    let scaled = Fixture::build_with_outliers(&case, Some((40.0, true)));
+    let unscaled = Fixture::build_with_outliers(&case, Some((40.0, false)));
+    for path in AttentionPath::supported() {
+        let tolerance = tolerance(path, KvDtype::Q8);
+        let err = scaled.max_error(&scaled.attend(Some((path, 2)), &scaled.rows, &scaled.q));
+        let err_unscaled =
+            unscaled.max_error(&unscaled.attend(Some((path, 2)), &unscaled.rows, &unscaled.q));
+        println!("{path:?}: {err:.2e} over channel scales, {err_unscaled:.2e} without");
+        assert!(err < tolerance, "{path:?}: {err}");
+        assert!(
+            err_unscaled > 3.0 * err,
+            "{path:?}: {err_unscaled} against {err}"
+        );
+    }
 }
 
 #[test]

@@ -24,9 +24,13 @@ impl ModelBundle {
     }
 
     pub fn load_as(path: &Path, format: WeightFormat) -> Result<Self> {
-        let (transformer, content) = Transformer::load_as(path, format)?;
+        let (mut transformer, content) = Transformer::load_as(path, format)?;
         let tokenizer = load_tokenizer(path, &content)
             .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+        let calibration = tokenizer
+            .encode(crate::runner::calibrate::CALIBRATION_TEXT, false)
+            .map_err(anyhow::Error::msg)?;
+        transformer.set_calibration_tokens(calibration.get_ids().to_vec());
         let template = ChatTemplate::from_gguf(&content)?;
         let stop_token_ids = stop_token_ids(&content, &tokenizer);
         Ok(Self {

@@ -15,7 +15,7 @@ use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 struct Block {
     attn_norm: Vec<f32>,
@@ -99,6 +99,11 @@ pub struct Transformer {
     final_norm: Vec<f32>,
     lm_head: Linear,
     mtp: Vec<MtpModule>,
+    /// Tokens a q8 K/V cache's key channel scales are measured on (`runner::calibrate`): text
+    /// from the file's own tokenizer, set by `ModelBundle::load`.
+    calibration_tokens: Vec<u32>,
+    /// Those scales, measured the first time a q8 cache is made for this model.
+    key_channels: OnceLock<Arc<[f32]>>,
 }
 
 impl Transformer {
@@ -156,7 +161,23 @@ impl Transformer {
             final_norm,
             lm_head,
             mtp,
+            calibration_tokens: Vec::new(),
+            key_channels: OnceLock::new(),
         })
+    }
+
+    /// Sets the tokens the key channel scales of a q8 cache are measured on.
+    pub fn set_calibration_tokens(&mut self, tokens: Vec<u32>) {
+        self.calibration_tokens = tokens;
+    }
+
+    pub fn calibration_tokens(&self) -> &[u32] {
+        &self.calibration_tokens
+    }
+
+    /// Where `runner::calibrate` keeps the model's key channel scales once measured.
+    pub fn key_channels_cell(&self) -> &OnceLock<Arc<[f32]>> {
+        &self.key_channels
     }
 
     /// MTP modules loaded with the model.

@@ -3,6 +3,7 @@
 //! KV storage for the serving engine lives here too once the scheduler exists.)
 
 pub mod batch;
+pub mod calibrate;
 pub mod single;
 pub mod worker;
 

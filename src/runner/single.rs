@@ -10,9 +10,9 @@ use anyhow::Result;
 pub struct SingleSequence<'m> {
     model: &'m Transformer,
     pool: PagePool,
-    kv: KvStorage,
-    table: PageTable,
-    tokens: Vec<u32>,
+    pub(super) kv: KvStorage,
+    pub(super) table: PageTable,
+    pub(super) tokens: Vec<u32>,
 }
 
 impl<'m> SingleSequence<'m> {
@@ -27,7 +27,7 @@ impl<'m> SingleSequence<'m> {
         Self {
             model,
             pool: PagePool::new(num_pages, page_size),
-            kv: KvStorage::new(model.kv_shape(page_size), dtype, num_pages),
+            kv: super::calibrate::kv_storage(model, page_size, dtype, num_pages),
             table: PageTable::new(),
             tokens: Vec::new(),
         }

@@ -28,7 +28,7 @@ impl ModelWorker {
         num_pages: usize,
     ) -> Addr<Self> {
         SyncArbiter::start(1, move || ModelWorker {
-            kv: KvStorage::new(model.kv_shape(page_size), dtype, num_pages),
+            kv: super::calibrate::kv_storage(&model, page_size, dtype, num_pages),
             model: model.clone(),
             spare_logits: Vec::new(),
         })

@@ -444,12 +444,20 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     }
     s.q.clear();
     s.q.resize(lanes * hdp, 0.0);
+    // Keys stored divided by channel scales meet queries multiplied by them.
+    let channels = ctx.kv.key_channels(ctx.layer, task.kv_head);
     for (r, row_index) in task.rows.clone().enumerate() {
         let src = &ctx.q[(row_index * shape.num_heads + task.kv_head * group) * hd..][..group * hd];
         for g in 0..group {
             let dst = &mut s.q[(r * group + g) * hdp..][..hd];
-            for (d, x) in dst.iter_mut().zip(&src[g * hd..(g + 1) * hd]) {
-                *d = x * scale;
+            let src = &src[g * hd..(g + 1) * hd];
+            match channels {
+                None => dst.iter_mut().zip(src).for_each(|(d, x)| *d = x * scale),
+                Some(c) => {
+                    for ((d, x), c) in dst.iter_mut().zip(src).zip(c) {
+                        *d = x * scale * c;
+                    }
+                }
             }
         }
     }
