@@ -24,6 +24,7 @@ pub(super) unsafe fn bf16_block(
     s: &mut Scratch,
     amx: bool,
     pages: Option<&BlockPages>,
+    next: &NextBlock,
     lanes: usize,
     nk: usize,
     hd: usize,
@@ -50,7 +51,8 @@ pub(super) unsafe fn bf16_block(
     // Scores, softmax and weighted values chunk by chunk, so that a chunk's scores and weights
     // are still in L1 when the next step reads them. (For AMX, each step over every chunk
     // before the next measured the same.)
-    for &(l0, l1, keys) in &chunks {
+    for (i, &(l0, l1, keys)) in chunks.iter().enumerate() {
+        next.prefetch_share(i, chunks.len());
         chunk_scores(s, amx, pages, l0..l1, keys, hd, hdp, bs);
         chunk_softmax(s, l0..l1, weights, hdp, bs);
         chunk_values(s, amx, pages, l0..l1, keys, hdp, bs);
@@ -145,6 +147,39 @@ unsafe fn chunk_values(
         amx::accumulate(n.div_ceil(16), p16, bs, v2, hdp, pairs, o);
     } else {
         bf16::accumulate(p16, bs, n, v2, hdp, keys.div_ceil(2), o);
+    }
+}
+
+/// The K and V bytes of the task's next block, prefetched a share with each lane chunk of
+/// this one: issued all at once, the prefetches of a whole block overran the miss buffers.
+#[derive(Default)]
+pub(super) struct NextBlock<'a> {
+    parts: [&'a [u8]; 16],
+    len: usize,
+}
+
+impl<'a> NextBlock<'a> {
+    pub(super) fn push(&mut self, bytes: &'a [u8]) {
+        if self.len < self.parts.len() {
+            self.parts[self.len] = bytes;
+            self.len += 1;
+        }
+    }
+
+    /// Prefetches share `i` of `n` of every part's cache lines.
+    fn prefetch_share(&self, i: usize, n: usize) {
+        for part in &self.parts[..self.len] {
+            let lines = part.len().div_ceil(64);
+            let (from, to) = (i * lines / n, (i + 1) * lines / n);
+            for line in from..to {
+                // SAFETY: inside the slice; a prefetch has no architectural effect.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        part.as_ptr().add(line * 64).cast(),
+                    )
+                };
+            }
+        }
     }
 }
 

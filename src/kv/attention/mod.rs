@@ -663,8 +663,11 @@ fn attend_block(
         values.decode_rows(n, hd, &mut s.v[j * hdp..], hdp);
         j += n;
     }
-    // Let the next block's pages stream in while this one is computed: all at once, or, read
-    // in place, each line as the same place of this block is read.
+    // Let the next block's pages stream in while this one is computed: all at once, a share
+    // with each lane chunk (bf16), or, read in place, each line as the same place of this block
+    // is read.
+    #[cfg(target_arch = "x86_64")]
+    let mut next_block = bf16_block::NextBlock::default();
     let next = kb + nk;
     if next < prefetch_end {
         let last = (next + bk).min(prefetch_end) - 1;
@@ -678,11 +681,16 @@ fn attend_block(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        let next_pages = if block_pages.is_some() {
-            &[]
-        } else {
-            next_pages
-        };
+        if ctx.bf16 && block_pages.is_none() {
+            // Spread over the block's lane chunks by `bf16_block`.
+            for &page in next_pages {
+                for kind in [KvKind::Key, KvKind::Value] {
+                    next_block.push(kv.head_rows(page, ctx.layer, kind, task.kv_head).bytes());
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        let next_pages = if ctx.bf16 { &[] } else { next_pages };
         for &page in next_pages {
             for kind in [KvKind::Key, KvKind::Value] {
                 kv.head_rows(page, ctx.layer, kind, task.kv_head).prefetch();
@@ -703,7 +711,7 @@ fn attend_block(
                 bf16_block::pack_values(s, nk, hdp);
             }
             let pages = block_pages.as_ref();
-            bf16_block::bf16_block(s, ctx.amx, pages, lanes, nk, hd, hdp, bs);
+            bf16_block::bf16_block(s, ctx.amx, pages, &next_block, lanes, nk, hd, hdp, bs);
         }
         return;
     }
