@@ -24,6 +24,7 @@
 
 use candle_core::quantized::GgmlDType;
 
+use super::buffer::AlignedBuf;
 use super::KernelError;
 
 /// Output rows per group: the lanes of one AVX-512 vector of i32/f32.
@@ -85,7 +86,7 @@ pub fn repack(
     data: &[u8],
     out_dim: usize,
     in_dim: usize,
-) -> Result<(Format, Vec<u8>), KernelError> {
+) -> Result<(Format, AlignedBuf<u8>), KernelError> {
     let (format, src_block_bytes) = source_format(dtype)?;
     let block_len = format.block_len();
     if out_dim == 0 || in_dim == 0 || !in_dim.is_multiple_of(block_len) {
@@ -104,7 +105,7 @@ pub fn repack(
     }
     let gbb = format.group_block_bytes();
     let num_groups = out_dim.div_ceil(GROUP);
-    let mut packed = huge_page_zeroed(num_groups * num_blocks * gbb);
+    let mut packed = AlignedBuf::zeroed(num_groups * num_blocks * gbb);
     for (g, group) in packed.chunks_exact_mut(num_blocks * gbb).enumerate() {
         for (b, dst) in group.chunks_exact_mut(gbb).enumerate() {
             for c in 0..GROUP.min(out_dim - g * GROUP) {
@@ -122,32 +123,6 @@ pub fn repack(
         }
     }
     Ok((format, packed))
-}
-
-/// `len` default values (zero bytes), in transparent huge pages where the kernel gives them on
-/// request (Linux with THP in `madvise` mode, as Debian's default): a decode step streams every
-/// weight (and, deep in a context, every K/V page) once, and with 4 KB pages it takes a TLB
-/// miss every 4 KB. Only whole 2 MB pages inside the allocation are advised.
-pub fn huge_page_zeroed<T: Copy + Default>(len: usize) -> Vec<T> {
-    let mut v: Vec<T> = Vec::with_capacity(len);
-    #[cfg(target_os = "linux")]
-    {
-        let spare = v.spare_capacity_mut();
-        let (start, bytes) = (spare.as_ptr() as usize, std::mem::size_of_val(spare));
-        let aligned = start.next_multiple_of(2 << 20);
-        if bytes > aligned - start + (2 << 20) {
-            // SAFETY: advice only, on a range inside `v`'s allocation.
-            unsafe {
-                libc::madvise(
-                    aligned as *mut libc::c_void,
-                    (bytes - (aligned - start)) / (2 << 20) * (2 << 20),
-                    libc::MADV_HUGEPAGE,
-                );
-            }
-        }
-    }
-    v.resize(len, T::default());
-    v
 }
 
 /// Copies `num_steps` 4-byte words of one column: `dst[t][c][..4] = src[4t..4t + 4]`.

@@ -54,6 +54,7 @@ mod act;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod buffer;
 mod dispatch;
 mod layout;
 pub mod math;
@@ -65,8 +66,9 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
 pub use act::{quantize_block, ActQ8, ActQ8K};
+pub use buffer::{AlignedBuf, Zeroable};
 pub use dispatch::{cpu_is_amd, Dispatch};
-pub use layout::{huge_page_zeroed, Format, GROUP};
+pub use layout::{Format, GROUP};
 
 /// Why a matrix could not be packed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,13 +95,13 @@ impl std::fmt::Display for KernelError {
 impl std::error::Error for KernelError {}
 
 /// A weight matrix `[out_dim, in_dim]`, repacked for the kernels at load time.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct QuantMatrix {
     format: Format,
     out_dim: usize,
     in_dim: usize,
     /// `[num_groups][num_blocks][group_block_bytes]`, see `layout`.
-    packed: Vec<u8>,
+    packed: AlignedBuf<u8>,
 }
 
 /// Per-caller buffers reused across calls, so a matmul allocates only when a call is larger
@@ -121,14 +123,6 @@ const MAX_KERNEL_ROWS: usize = 16;
 
 /// Below this many weight bytes × row chunks a call runs on the calling thread.
 const SERIAL_BYTES: usize = 96 << 10;
-
-impl Clone for QuantMatrix {
-    fn clone(&self) -> Self {
-        let mut packed = layout::huge_page_zeroed(self.packed.len());
-        packed.copy_from_slice(&self.packed);
-        QuantMatrix { packed, ..*self }
-    }
-}
 
 impl QuantMatrix {
     /// Packs a 2-D CPU `QTensor` (`[out_dim, in_dim]`, GGUF block layout).

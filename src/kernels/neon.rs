@@ -536,7 +536,7 @@ unsafe fn f16_impl<const R: usize>(w: &[u8], x: &[f32], out: &mut [f32], in_dim:
 unsafe fn f32_impl<const R: usize>(w: &[u8], x: &[f32], out: &mut [f32], in_dim: usize) {
     let mut acc = zero_acc::<R>();
     for k in 0..in_dim {
-        // Byte loads: the packed matrix is a `Vec<u8>`, with no f32 alignment promised.
+        // Byte loads: the kernel takes the group as a `&[u8]`, with no f32 alignment promised.
         let p = w.as_ptr().add(64 * k);
         let wk = [0, 16, 32, 48].map(|at| vreinterpretq_f32_u8(load(p.add(at))));
         float_step(&mut acc, wk, x, k);

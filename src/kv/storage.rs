@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::kernels::{AlignedBuf, Zeroable};
+
 /// Element type of the KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -230,17 +232,17 @@ fn bytes_of<T: Copy>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
 }
 
-struct Chunks<T> {
-    chunks: Vec<Vec<T>>,
+struct Chunks<T: Zeroable> {
+    chunks: Vec<AlignedBuf<T>>,
 }
 
-impl<T: Copy + Default> Chunks<T> {
+impl<T: Zeroable> Chunks<T> {
     fn new() -> Self {
         Self { chunks: Vec::new() }
     }
     fn ensure(&mut self, chunk: usize, elems: usize) {
         while self.chunks.len() <= chunk {
-            self.chunks.push(crate::kernels::huge_page_zeroed(elems));
+            self.chunks.push(AlignedBuf::zeroed(elems));
         }
     }
     fn bytes(&self) -> usize {
