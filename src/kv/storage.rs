@@ -196,6 +196,16 @@ impl<'a> HeadRows<'a> {
         }
     }
 
+    /// Asks the CPU to start loading a q8 block's scales (one line) into cache (no-op for other
+    /// element types, and off x86-64).
+    #[inline]
+    pub fn prefetch_scales(&self) {
+        #[cfg(target_arch = "x86_64")]
+        if let HeadRows::Q8 { scales, .. } = self {
+            prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes_of(scales));
+        }
+    }
+
     /// Asks the CPU to start loading the block into cache (no-op off x86-64).
     #[inline]
     pub fn prefetch(&self) {

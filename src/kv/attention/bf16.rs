@@ -70,6 +70,15 @@ pub(super) trait PageSrc: Copy {
     /// # Safety
     /// The CPU must support the kernels and the lanes of `m` must lie inside the block.
     unsafe fn load16(self, at: usize, m: __mmask16, scale: __m512) -> __m512;
+    /// [`PageSrc::load16`] minus `centre`, what the scores' K operand takes (a q8 page's
+    /// multiply and subtraction fused into one rounding).
+    ///
+    /// # Safety
+    /// As [`PageSrc::load16`].
+    #[inline(always)]
+    unsafe fn centred16(self, at: usize, m: __mmask16, scale: __m512, centre: __m512) -> __m512 {
+        _mm512_sub_ps(self.load16(at, m, scale), centre)
+    }
     /// The scales of the 16 slots from `slot` (lanes outside `m` 0; 0 unless q8): what
     /// [`PageSrc::load16`] takes for a row of K, whose lanes are slots.
     ///
@@ -138,6 +147,15 @@ impl PageSrc for F32Page {
     }
 }
 
+impl Q8Page {
+    /// The 16 integers from element `at` as f32 (lanes outside `m` 0).
+    #[inline(always)]
+    unsafe fn ints16(self, at: usize, m: __mmask16) -> __m512 {
+        let q = _mm_maskz_loadu_epi8(m, self.values.add(at).cast());
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))
+    }
+}
+
 impl PageSrc for Q8Page {
     const ELEM_BYTES: usize = 1;
     fn of(rows: &HeadRows) -> Self {
@@ -151,8 +169,11 @@ impl PageSrc for Q8Page {
     }
     #[inline(always)]
     unsafe fn load16(self, at: usize, m: __mmask16, scale: __m512) -> __m512 {
-        let q = _mm_maskz_loadu_epi8(m, self.values.add(at).cast());
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
+        _mm512_mul_ps(self.ints16(at, m), scale)
+    }
+    #[inline(always)]
+    unsafe fn centred16(self, at: usize, m: __mmask16, scale: __m512, centre: __m512) -> __m512 {
+        _mm512_fmsub_ps(self.ints16(at, m), scale, centre)
     }
     #[inline(always)]
     unsafe fn slot_scales(self, slot: usize, m: __mmask16) -> __m512 {
@@ -192,10 +213,7 @@ pub(super) unsafe fn key_pair<S: PageSrc>(
     r: *const f32,
     idx: __m512i,
 ) -> __m512i {
-    let load = |d: usize| {
-        let k = page.load16(d * page_size + j, m, scale);
-        _mm512_sub_ps(k, _mm512_set1_ps(*r.add(d)))
-    };
+    let load = |d: usize| page.centred16(d * page_size + j, m, scale, _mm512_set1_ps(*r.add(d)));
     interleave(load(2 * p), load(2 * p + 1), idx)
 }
 

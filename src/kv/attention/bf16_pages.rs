@@ -56,6 +56,9 @@ impl<'a> BlockPages<'a> {
     /// Notes the `i`-th page of the task's next block, to be prefetched.
     pub(super) fn push_next(&mut self, i: usize, keys: HeadRows<'a>, values: HeadRows<'a>) {
         self.next[i] = (keys.bytes(), values.bytes());
+        // A q8 page's scales lie elsewhere: one line each, asked for now.
+        keys.prefetch_scales();
+        values.prefetch_scales();
     }
 
     /// Appends a page holding `n` of the block's keys (`page_size` but for the last page).
