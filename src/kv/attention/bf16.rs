@@ -84,13 +84,19 @@ pub(super) trait PageSrc: Copy {
     ///
     /// # Safety
     /// As [`PageSrc::load16`].
-    unsafe fn slot_scales(self, slot: usize, m: __mmask16) -> __m512;
+    #[inline(always)]
+    unsafe fn slot_scales(self, _slot: usize, _m: __mmask16) -> __m512 {
+        _mm512_setzero_ps()
+    }
     /// The scale of `slot` in every lane (0 unless q8): what [`PageSrc::load16`] takes for a
     /// row of V, which is one slot.
     ///
     /// # Safety
     /// `slot` must lie inside the block.
-    unsafe fn slot_scale(self, slot: usize) -> __m512;
+    #[inline(always)]
+    unsafe fn slot_scale(self, _slot: usize) -> __m512 {
+        _mm512_setzero_ps()
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -115,14 +121,6 @@ impl PageSrc for F16Page {
     unsafe fn load16(self, at: usize, m: __mmask16, _: __m512) -> __m512 {
         _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, self.0.add(at).cast()))
     }
-    #[inline(always)]
-    unsafe fn slot_scales(self, _: usize, _: __mmask16) -> __m512 {
-        _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn slot_scale(self, _: usize) -> __m512 {
-        _mm512_setzero_ps()
-    }
 }
 
 impl PageSrc for F32Page {
@@ -136,14 +134,6 @@ impl PageSrc for F32Page {
     #[inline(always)]
     unsafe fn load16(self, at: usize, m: __mmask16, _: __m512) -> __m512 {
         _mm512_maskz_loadu_ps(m, self.0.add(at))
-    }
-    #[inline(always)]
-    unsafe fn slot_scales(self, _: usize, _: __mmask16) -> __m512 {
-        _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn slot_scale(self, _: usize) -> __m512 {
-        _mm512_setzero_ps()
     }
 }
 
@@ -406,12 +396,39 @@ pub unsafe fn scores(
     ));
 }
 
-/// Where [`scores`] writes.
-struct Out {
-    s: *mut f32,
-    s_stride: usize,
-    visible: *const usize,
-    maxima: *mut f32,
+/// Where [`scores`] (and `bf16_pages::scores`) write: the scores `s` and each lane's 16 running
+/// maxima of the keys it sees.
+pub(super) struct Out {
+    pub(super) s: *mut f32,
+    pub(super) s_stride: usize,
+    pub(super) visible: *const usize,
+    pub(super) maxima: *mut f32,
+}
+
+impl Out {
+    /// Stores a tile's scores (`L` lanes × `16 · KC` keys from key `j`) and takes them into the
+    /// lanes' running maxima.
+    ///
+    /// # Safety
+    /// The CPU must support the kernels and the tile must lie inside the buffers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn store_tile<const L: usize, const KC: usize>(
+        &self,
+        j: usize,
+        acc: &[[__m512; KC]; L],
+    ) {
+        for (l, acc) in acc.iter().enumerate() {
+            let maxima = self.maxima.add(16 * l);
+            let visible = *self.visible.add(l);
+            let mut mv = _mm512_loadu_ps(maxima);
+            for (c, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(self.s.add(l * self.s_stride + j + 16 * c), *acc);
+                mv = _mm512_mask_max_ps(mv, live(visible, j + 16 * c), mv, *acc);
+            }
+            _mm512_storeu_ps(maxima, mv);
+        }
+    }
 }
 
 /// `L` lanes × `16 · KC` keys from key `j`, all accumulators in registers.
@@ -428,16 +445,7 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
 ) {
     let mut acc = [[_mm512_setzero_ps(); KC]; L];
     dot_pairs(&mut acc, q, q_stride, k, k_stride, pairs);
-    for (l, acc) in acc.iter().enumerate() {
-        let maxima = out.maxima.add(16 * l);
-        let visible = *out.visible.add(l);
-        let mut mv = _mm512_loadu_ps(maxima);
-        for (c, acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.s.add(l * out.s_stride + j + 16 * c), *acc);
-            mv = _mm512_mask_max_ps(mv, live(visible, j + 16 * c), mv, *acc);
-        }
-        _mm512_storeu_ps(maxima, mv);
-    }
+    out.store_tile(j, &acc);
 }
 
 /// Each lane's 16 running maxima `maxima[l][..16]` take in the scores `s[l][j]` of the keys it

@@ -14,7 +14,7 @@
 //! that every vector of 16 keys and every pair of slots lies in one page.
 
 use super::bf16::{
-    bcast_pair, key_pair, live, value_pair, with_page_src, F16Page, F32Page, PageSrc, Q8Page,
+    bcast_pair, key_pair, live, value_pair, with_page_src, F16Page, F32Page, Out, PageSrc, Q8Page,
     INTERLEAVE, MAX_LANES,
 };
 use crate::kv::storage::HeadRows;
@@ -131,14 +131,6 @@ unsafe fn scores_of<S: PageSrc>(_: S, lanes: usize, keys: usize, args: ScoresArg
     by_tiles!(lanes, keys, j => scores_tile::<S>(j, args));
 }
 
-/// Where [`scores`] writes.
-struct Out {
-    s: *mut f32,
-    s_stride: usize,
-    visible: *const usize,
-    maxima: *mut f32,
-}
-
 /// `L` lanes × `16 · KC` keys from key `j`: `bf16::scores_tile` with each K pair built from
 /// the pages as it is needed.
 #[inline]
@@ -186,16 +178,7 @@ unsafe fn scores_tile<S: PageSrc, const L: usize, const KC: usize>(
             }
         }
     }
-    for (l, acc) in acc.iter().enumerate() {
-        let maxima = out.maxima.add(16 * l);
-        let visible = *out.visible.add(l);
-        let mut mv = _mm512_loadu_ps(maxima);
-        for (c, acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.s.add(l * out.s_stride + j + 16 * c), *acc);
-            mv = _mm512_mask_max_ps(mv, live(visible, j + 16 * c), mv, *acc);
-        }
-        _mm512_storeu_ps(maxima, mv);
-    }
+    out.store_tile(j, &acc);
 }
 
 /// What [`super::bf16::accumulate`] computes from the block's V pairs as `value_pairs` packs
