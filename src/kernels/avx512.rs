@@ -90,7 +90,14 @@ chunked_kernel!(
     ROWS_WIDE,
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 );
-chunked_kernel!(q6k, q6k_impl, Format::Q6K, ActQ8K, ROWS, [1, 2, 3, 4, 5]);
+chunked_kernel!(
+    q6k,
+    q6k_impl,
+    Format::Q6K,
+    ActQ8K,
+    ROWS_WIDE,
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+);
 chunked_kernel!(f16, f16_impl, Format::F16, f32, ROWS, [1, 2, 3, 4, 5]);
 chunked_kernel!(f32, f32_impl, Format::F32, f32, ROWS, [1, 2, 3, 4, 5]);
 
@@ -360,33 +367,24 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
     store_rows(&acc, out);
 }
 
-/// Adds sub-blocks `s = 8n + 2H + half` and `s + 4` (16 weights each: the `half`-th halves of
-/// parts `H` and `H + 2` of half `n`) to each row's integer sum `Σ sc · Σ (q − 32) · x`; the
-/// `− 32` enters as the starting value. The two parts share their bytes: part `H` takes the
-/// low nibbles of `ql[H]` and bits `2H..2H + 2` of `qh`, part `H + 2` the high nibbles and bits
-/// `2H + 4..2H + 6`, so each 64-byte load of `ql` and `qh` is unpacked into two weight vectors
-/// (a shift, an `and` and a `vpternlogd` merge each) instead of being loaded again per part.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
+/// The 128 weights of Q6_K sub-blocks `s = 8n + 2H + half` and `s + 4` (16 weights of each of
+/// a group's 16 output rows: the `half`-th halves of parts `H` and `H + 2` of half `n`) as four
+/// `(part H, part H + 2)` pairs of `vpdpbusd` operands, `q` in 0..64. The two parts share their
+/// bytes: part `H` takes the low nibbles of `ql[H]` and bits `2H..2H + 2` of `qh`, part `H + 2`
+/// the high nibbles and bits `2H + 4..2H + 6`, so each 64-byte load of `ql` and `qh` is
+/// unpacked into two weight vectors (a shift, an `and` and a `vpternlogd` merge each).
+#[inline(always)]
+unsafe fn q6k_unpack<const R: usize, const H: usize>(
     p: *const u8,
     n: usize,
     half: usize,
-    a: &[*const ActQ8K; R],
-    sacc: &mut [__m512i; R],
-) {
-    let s = 8 * n + 2 * H + half;
-    let mut low = [_mm512_setzero_si512(); R];
-    let mut high = [_mm512_setzero_si512(); R];
-    for i in 0..R {
-        low[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s]);
-        high[i] = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s + 4]);
-    }
+) -> [(__m512i, __m512i); 4] {
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
     let ql = p.add(288 + 1024 * n + 512 * H + 256 * half);
     let qh = p.add(2336 + 512 * n + 256 * half);
-    for t in 0..4 {
+    let mut q = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
+    for (t, q) in q.iter_mut().enumerate() {
         prefetch_ahead::<R>(ql.add(64 * t));
         if H == 0 {
             prefetch_ahead::<R>(qh.add(64 * t));
@@ -401,22 +399,42 @@ unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
         // `l_bits | (h_bits & 0x30)` in one instruction (truth table A | (B & C)).
         let q_low = _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(l, m4), h_low, m30);
         let l_high = _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4);
-        let q_high = _mm512_ternarylogic_epi32::<0xF8>(l_high, h_high, m30);
-        for i in 0..R {
-            let x = (*a[i])
-                .qs
-                .as_ptr()
-                .add(128 * n + 32 * H + 16 * half + 4 * t);
-            low[i] = _mm512_dpbusd_epi32(low[i], q_low, bcast4(x));
-            high[i] = _mm512_dpbusd_epi32(high[i], q_high, bcast4(x.add(64)));
-        }
+        *q = (
+            q_low,
+            _mm512_ternarylogic_epi32::<0xF8>(l_high, h_high, m30),
+        );
     }
+    q
+}
+
+/// Adds sub-blocks `s = 8n + 2H + half` and `s + 4` ([`q6k_unpack`]) to each row's integer sum
+/// `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value. The weights are unpacked
+/// once into 8 registers and then applied row by row, so a row holds only its two chains while
+/// it runs and its sum across them: up to 10 rows take one pass (the unpacking is not repeated
+/// per chunk of rows, and the sums of different rows are independent for out-of-order issue).
+#[inline(always)]
+unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
+    p: *const u8,
+    n: usize,
+    half: usize,
+    a: &[*const ActQ8K; R],
+    sacc: &mut [__m512i; R],
+) {
+    let s = 8 * n + 2 * H + half;
+    let q = q6k_unpack::<R, H>(p, n, half);
     let sc_low = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * s).cast()));
     let sc_high = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * (s + 4)).cast()));
     for i in 0..R {
+        let x = (*a[i]).qs.as_ptr().add(128 * n + 32 * H + 16 * half);
+        let mut low = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s]);
+        let mut high = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s + 4]);
+        for (t, &(q_low, q_high)) in q.iter().enumerate() {
+            low = _mm512_dpbusd_epi32(low, q_low, bcast4(x.add(4 * t)));
+            high = _mm512_dpbusd_epi32(high, q_high, bcast4(x.add(64 + 4 * t)));
+        }
         let scaled = _mm512_add_epi32(
-            _mm512_mullo_epi32(low[i], sc_low),
-            _mm512_mullo_epi32(high[i], sc_high),
+            _mm512_mullo_epi32(low, sc_low),
+            _mm512_mullo_epi32(high, sc_high),
         );
         sacc[i] = _mm512_add_epi32(sacc[i], scaled);
     }
