@@ -83,7 +83,7 @@ fn time_steps(
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats {
         let t = Instant::now();
-        seq.append(tokens, tokens.len(), all_logits)?;
+        seq.step(tokens, all_logits)?;
         times.push(t.elapsed());
         seq.truncate(base)?;
     }
@@ -116,7 +116,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "attention": crate::kv::AttentionPath::for_kv(dtype).name(),
     });
 
-    let next;
+    let mut next;
     if args.long_only {
         next = prompt[0];
     } else {
@@ -124,16 +124,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let capacity = args.prompt_tokens + args.decode_tokens + args.verify_rows + 1;
         let mut seq = SingleSequence::new(model, capacity, page, dtype);
         let t = Instant::now();
-        let mut logits = seq.append(prompt, 512, false)?;
+        next = argmax(&seq.append(prompt, 512, false)?);
         let prefill = t.elapsed();
 
         let t = Instant::now();
         for _ in 0..args.decode_tokens {
-            logits = seq.append(&[argmax(&logits)], 1, false)?;
+            next = argmax(seq.step(&[next], false)?);
         }
         let decode = t.elapsed();
 
-        next = argmax(&logits);
         let verify_tokens = vec![next; args.verify_rows];
         // Alternately, so that load on a shared machine hits both alike.
         let (mut one_row, mut verify) = (Vec::new(), Vec::new());

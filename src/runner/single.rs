@@ -13,6 +13,10 @@ pub struct SingleSequence<'m> {
     pub(super) kv: KvStorage,
     pub(super) table: PageTable,
     pub(super) tokens: Vec<u32>,
+    /// The logits buffer [`SingleSequence::step`] hands back to the model each step, as the
+    /// model worker does: a fresh 5.5 MB vector for a 9-row step costs page faults that the
+    /// engine never pays.
+    logits: Vec<f32>,
 }
 
 impl<'m> SingleSequence<'m> {
@@ -30,6 +34,7 @@ impl<'m> SingleSequence<'m> {
             kv: super::calibrate::kv_storage(model, page_size, dtype, num_pages),
             table: PageTable::new(),
             tokens: Vec::new(),
+            logits: Vec::new(),
         }
     }
 
@@ -51,31 +56,52 @@ impl<'m> SingleSequence<'m> {
         let mut logits = Vec::new();
         for (i, piece) in tokens.chunks(chunk.max(1)).enumerate() {
             let last = (i + 1) * chunk.max(1) >= tokens.len();
-            let start = self.table.len();
-            self.table.try_grow(piece.len(), &mut self.pool)?;
             let outputs = match (all_logits, last) {
                 (true, _) => OutputRows::All,
                 (false, true) => OutputRows::Last,
                 (false, false) => OutputRows::None,
             };
-            let step = SeqStep {
-                tokens: piece,
-                start_position: start,
-                page_ids: self.table.page_ids(),
-                outputs,
-            };
-            let out = self.model.forward(&[step], &mut self.kv, false);
-            let out = match out {
-                Ok(out) => out,
-                Err(e) => {
-                    self.table.truncate(start, &mut self.pool)?;
-                    return Err(e);
-                }
-            };
-            self.tokens.extend_from_slice(piece);
-            logits.extend_from_slice(&out.logits);
+            logits.extend_from_slice(self.forward(piece, outputs)?);
         }
         Ok(logits)
+    }
+
+    /// Appends `tokens` in one forward, as one step of the engine does (into a reused logits
+    /// buffer), and returns the logits of every appended position when `all_logits`, else of
+    /// the last one only.
+    pub fn step(&mut self, tokens: &[u32], all_logits: bool) -> Result<&[f32]> {
+        let outputs = if all_logits {
+            OutputRows::All
+        } else {
+            OutputRows::Last
+        };
+        self.forward(tokens, outputs)
+    }
+
+    fn forward(&mut self, piece: &[u32], outputs: OutputRows) -> Result<&[f32]> {
+        let start = self.table.len();
+        self.table.try_grow(piece.len(), &mut self.pool)?;
+        let step = SeqStep {
+            tokens: piece,
+            start_position: start,
+            page_ids: self.table.page_ids(),
+            outputs,
+        };
+        let buffer = std::mem::take(&mut self.logits);
+        match self
+            .model
+            .forward_into(&[step], &mut self.kv, false, buffer)
+        {
+            Ok(out) => {
+                self.tokens.extend_from_slice(piece);
+                self.logits = out.logits;
+                Ok(&self.logits)
+            }
+            Err(e) => {
+                self.table.truncate(start, &mut self.pool)?;
+                Err(e)
+            }
+        }
     }
 
     /// Fills `num_tokens` more positions with synthetic K/V (no forward pass): what a

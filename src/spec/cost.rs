@@ -66,7 +66,7 @@ pub fn measure_mtp_step(model: &Transformer, page_size: usize, dtype: KvDtype) -
 
 fn median_step(seq: &mut SingleSequence, tokens: &[u32], len: usize) -> Result<Duration> {
     median_time(|| {
-        seq.append(tokens, tokens.len(), true)?;
+        seq.step(tokens, true)?;
         seq.truncate(len)?;
         Ok(())
     })
