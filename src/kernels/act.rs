@@ -21,11 +21,13 @@ pub struct ActQ8 {
 pub struct ActQ8K {
     pub qs: [i8; 256],
     pub d: f32,
-    /// `Σ qs` over each 16 (Q6_K sub-blocks).
-    pub bsum16: [i32; 16],
+    /// `−32 · Σ qs` over each 16: Q6_K's `q − 32` offset for each sub-block, what the AVX-512
+    /// kernel starts a sub-block's sum from (one broadcast from memory, not a load, shift,
+    /// negation and move per sub-block and row).
+    pub q6k_offset16: [i32; 16],
     /// `Σ qs` over each 32 (Q4_K sub-blocks); pairs are read as one i32 by `vpdpwssd`.
     pub bsum32: [i16; 8],
-    /// `bsum16` as i16 (|Σ| ≤ 16 · 127), whose pairs the AVX2 Q6_K kernel reads as one i32.
+    /// `Σ qs` over each 16 as i16 (|Σ| ≤ 16 · 127), whose pairs the AVX2 Q6_K kernel reads as one i32.
     pub bsum16_i16: [i16; 16],
 }
 
@@ -44,7 +46,7 @@ impl Default for ActQ8K {
         ActQ8K {
             qs: [0; 256],
             d: 0.0,
-            bsum16: [0; 16],
+            q6k_offset16: [0; 16],
             bsum32: [0; 8],
             bsum16_i16: [0; 16],
         }
@@ -89,11 +91,12 @@ fn q8k_blocks(x: &[f32], out: &mut [ActQ8K]) {
     for (xb, a) in x.chunks_exact(256).zip(out) {
         a.d = quantize_block(xb, &mut a.qs);
         for (s, q) in a.qs.chunks_exact(16).enumerate() {
-            a.bsum16[s] = q.iter().map(|&q| q as i32).sum();
-            a.bsum16_i16[s] = a.bsum16[s] as i16;
+            let sum: i32 = q.iter().map(|&q| q as i32).sum();
+            a.q6k_offset16[s] = -32 * sum;
+            a.bsum16_i16[s] = sum as i16;
         }
         for s in 0..8 {
-            a.bsum32[s] = (a.bsum16[2 * s] + a.bsum16[2 * s + 1]) as i16;
+            a.bsum32[s] = a.bsum16_i16[2 * s] + a.bsum16_i16[2 * s + 1];
         }
     }
 }
@@ -168,7 +171,11 @@ mod tests {
         let mut a = [ActQ8K::default()];
         quantize_q8k(&x, &mut a);
         let total: i32 = a[0].qs.iter().map(|&q| q as i32).sum();
-        assert_eq!(a[0].bsum16.iter().sum::<i32>(), total);
+        assert_eq!(a[0].q6k_offset16.iter().sum::<i32>(), -32 * total);
+        assert_eq!(
+            a[0].bsum16_i16.iter().map(|&s| s as i32).sum::<i32>(),
+            total
+        );
         assert_eq!(a[0].bsum32.iter().map(|&s| s as i32).sum::<i32>(), total);
     }
 }

@@ -408,7 +408,7 @@ unsafe fn q6k_unpack<const R: usize, const H: usize>(
 }
 
 /// Adds sub-blocks `s = 8n + 2H + half` and `s + 4` ([`q6k_unpack`]) to each row's integer sum
-/// `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value. The weights are unpacked
+/// `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value (`q6k_offset16`). The weights are unpacked
 /// once into 8 registers and then applied row by row, so a row holds only its two chains while
 /// it runs and its sum across them: up to 10 rows take one pass (the unpacking is not repeated
 /// per chunk of rows, and the sums of different rows are independent for out-of-order issue).
@@ -426,8 +426,8 @@ unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
     let sc_high = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(32 + 16 * (s + 4)).cast()));
     for i in 0..R {
         let x = (*a[i]).qs.as_ptr().add(128 * n + 32 * H + 16 * half);
-        let mut low = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s]);
-        let mut high = _mm512_set1_epi32(-32 * (*a[i]).bsum16[s + 4]);
+        let mut low = _mm512_set1_epi32((*a[i]).q6k_offset16[s]);
+        let mut high = _mm512_set1_epi32((*a[i]).q6k_offset16[s + 4]);
         for (t, &(q_low, q_high)) in q.iter().enumerate() {
             low = _mm512_dpbusd_epi32(low, q_low, bcast4(x.add(4 * t)));
             high = _mm512_dpbusd_epi32(high, q_high, bcast4(x.add(64 + 4 * t)));
