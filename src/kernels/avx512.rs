@@ -33,7 +33,7 @@ fn check<A>(format: Format, w: &[u8], acts: &[A], out: &[f32]) -> (usize, usize)
 /// from L1/L2 and unpacked again for each further chunk of rows.
 const ROWS: usize = 5;
 
-/// Rows per pass for Q8_0, Q4_1, Q5_0 and Q4_K, so that a 9-row verify step unpacks each
+/// Rows per pass for Q8_0, Q4_1, Q5_0, Q4_K and Q6_K, so that a 9-row verify step unpacks each
 /// block once instead of twice (5 + 4). Each row keeps two `vpdpbusd` chains and an f32 sum:
 /// 27 of the 32 registers at 9 rows (the activations are embedded broadcasts; 10 rows spill a
 /// little, Q8_0 measured 100 against 9 rows' 122 G multiply-adds/s in cache). (One chain a row
@@ -41,7 +41,8 @@ const ROWS: usize = 5;
 /// a block: on a Xeon with AMX, in cache, 9 rows of Q8_0 and Q5_0 ran at 85–89 G
 /// multiply-adds/s a thread with it and 122 without.) Q4_K keeps its per-row sums (partly in
 /// memory then) and measured faster anyway (a 9-row step of the 1.5B 126 → 119 ms, prefill
-/// +15%); Q6_K did not, and keeps [`ROWS`].
+/// +15%). Q6_K, whose rows each kept four registers, measured slower at 10 rows until it
+/// unpacked each sub-block pair once and applied it row by row (see `q6k_sub_blocks`).
 const ROWS_WIDE: usize = 10;
 
 /// `first += w0 · x0` and `second += w1 · x1`: two independent chains a row, so that
@@ -408,10 +409,11 @@ unsafe fn q6k_unpack<const R: usize, const H: usize>(
 }
 
 /// Adds sub-blocks `s = 8n + 2H + half` and `s + 4` ([`q6k_unpack`]) to each row's integer sum
-/// `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value (`q6k_offset16`). The weights are unpacked
-/// once into 8 registers and then applied row by row, so a row holds only its two chains while
-/// it runs and its sum across them: up to 10 rows take one pass (the unpacking is not repeated
-/// per chunk of rows, and the sums of different rows are independent for out-of-order issue).
+/// `Σ sc · Σ (q − 32) · x`; the `− 32` enters as the starting value (`q6k_offset16`). The
+/// weights are unpacked once into 8 registers and then applied row by row, so a row holds only
+/// its two chains while it runs and its sum across them: up to 10 rows take one pass (the
+/// unpacking is not repeated per chunk of rows, and different rows' sums are independent for
+/// out-of-order issue).
 #[inline(always)]
 unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
     p: *const u8,
