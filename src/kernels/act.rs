@@ -13,6 +13,12 @@ pub struct ActQ8 {
     pub d: f32,
     /// `Σ qs`.
     pub sum: i32,
+    /// `−128 · Σ qs` and `−16 · Σ qs`: where the AVX-512 Q8_0 kernel (weights flipped to
+    /// `w + 128`) and the Q5_0 kernels (weights as `u = w + 16`) start a block's integer sum, so
+    /// that each row takes one broadcast from memory per block instead of a load, multiply and
+    /// move into a vector register.
+    pub q8_offset: i32,
+    pub q5_offset: i32,
 }
 
 /// 256 activations as int8 with one scale (GGUF's Q8_K), for Q4_K and Q6_K weights.
@@ -27,7 +33,8 @@ pub struct ActQ8K {
     pub q6k_offset16: [i32; 16],
     /// `Σ qs` over each 32 (Q4_K sub-blocks); pairs are read as one i32 by `vpdpwssd`.
     pub bsum32: [i16; 8],
-    /// `Σ qs` over each 16 as i16 (|Σ| ≤ 16 · 127), whose pairs the AVX2 Q6_K kernel reads as one i32.
+    /// `Σ qs` over each 16 as i16 (|Σ| ≤ 16 · 127), whose pairs the AVX2 Q6_K kernel reads as
+    /// one i32.
     pub bsum16_i16: [i16; 16],
 }
 
@@ -37,6 +44,8 @@ impl Default for ActQ8 {
             qs: [0; 32],
             d: 0.0,
             sum: 0,
+            q8_offset: 0,
+            q5_offset: 0,
         }
     }
 }
@@ -83,6 +92,8 @@ fn q8_blocks(x: &[f32], out: &mut [ActQ8]) {
     for (xb, a) in x.chunks_exact(32).zip(out) {
         a.d = quantize_block(xb, &mut a.qs);
         a.sum = a.qs.iter().map(|&q| q as i32).sum();
+        a.q8_offset = -128 * a.sum;
+        a.q5_offset = -16 * a.sum;
     }
 }
 

@@ -288,7 +288,7 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
         let a: [&ActQ8; R] = rows_at(acts, b, nb);
         let mut isum = [ZERO_HALVES; R];
         for (isum, a) in isum.iter_mut().zip(&a) {
-            *isum = [_mm256_set1_epi32(-16 * a.sum); 2];
+            *isum = [_mm256_set1_epi32(a.q5_offset); 2];
         }
         let hb = load2(p.add(288));
         // Two steps (4 pair sums of ≤ 31 · 127 · 2) fit in i16.

@@ -200,7 +200,7 @@ unsafe fn q8_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
         let mut even = [_mm512_setzero_si512(); R];
         let mut odd = [_mm512_setzero_si512(); R];
         for (even, &a) in even.iter_mut().zip(&a) {
-            *even = _mm512_set1_epi32(-128 * (*a).sum);
+            *even = _mm512_set1_epi32((*a).q8_offset);
         }
         for t in (0..8).step_by(2) {
             prefetch_ahead::<R>(p.add(32 + 64 * t));
@@ -291,7 +291,7 @@ unsafe fn q5_0_impl<const R: usize>(w: &[u8], acts: &[ActQ8], out: &mut [f32], n
         let mut low_sum = [_mm512_setzero_si512(); R];
         let mut high_sum = [_mm512_setzero_si512(); R];
         for (sum, &a) in low_sum.iter_mut().zip(&a) {
-            *sum = _mm512_set1_epi32(-16 * (*a).sum);
+            *sum = _mm512_set1_epi32((*a).q5_offset);
         }
         let hb = load(p.add(288));
         for t in 0..4 {
