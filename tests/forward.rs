@@ -64,6 +64,28 @@ fn all_rows_logits_equal_step_by_step_logits() {
 }
 
 #[test]
+fn a_step_into_the_reused_buffer_equals_append() {
+    // `step` hands the last step's logits buffer back to the model (as the engine's worker
+    // does): shrinking from 10 rows to 1 and growing again must not leave stale logits.
+    let model = test_model();
+    let tokens = prompt(40);
+    let mut appended = SingleSequence::new(&model, 64, 16, KvDtype::F32);
+    let first = appended.append(&tokens[..30], 30, false).unwrap();
+    let at_once = appended.append(&tokens[30..], 10, true).unwrap();
+    let mut stepped = SingleSequence::new(&model, 64, 16, KvDtype::F32);
+    assert_eq!(stepped.step(&tokens[..30], false).unwrap(), &first[..]);
+    assert_eq!(stepped.step(&tokens[30..], true).unwrap(), &at_once[..]);
+    stepped.truncate(30).unwrap();
+    let vocab = first.len();
+    let one = stepped.step(&tokens[30..31], false).unwrap().to_vec();
+    assert_eq!(one.len(), vocab);
+    assert!(max_abs_diff(&one, &at_once[..vocab]) < 1e-3);
+    let rest = stepped.step(&tokens[31..], true).unwrap();
+    assert!(max_abs_diff(rest, &at_once[vocab..]) < 1e-3);
+    assert_eq!(stepped.len(), 40);
+}
+
+#[test]
 fn a_sequence_in_a_ragged_batch_equals_the_sequence_alone() {
     let model = test_model();
     let page_size = 16;
