@@ -156,6 +156,8 @@ unsafe fn chunk_values(
 pub(super) struct NextBlock<'a> {
     parts: [&'a [u8]; 16],
     len: usize,
+    /// Cache lines of all parts together.
+    lines: usize,
 }
 
 impl<'a> NextBlock<'a> {
@@ -163,22 +165,32 @@ impl<'a> NextBlock<'a> {
         if self.len < self.parts.len() {
             self.parts[self.len] = bytes;
             self.len += 1;
+            self.lines += bytes.len().div_ceil(64);
         }
     }
 
-    /// Prefetches share `i` of `n` of every part's cache lines.
+    /// Prefetches share `i` of `n` of the parts' cache lines, the parts taken as one run of
+    /// lines. (Splitting each part into `n` shares cost two divisions per part and chunk: with
+    /// 50 lane chunks and 16 parts, the largest item of a block's bookkeeping.)
     fn prefetch_share(&self, i: usize, n: usize) {
+        let (mut line, end) = (i * self.lines / n, (i + 1) * self.lines / n);
+        let mut part_start = 0;
         for part in &self.parts[..self.len] {
-            let lines = part.len().div_ceil(64);
-            let (from, to) = (i * lines / n, (i + 1) * lines / n);
-            for line in from..to {
-                // SAFETY: inside the slice; a prefetch has no architectural effect.
+            let part_end = part_start + part.len().div_ceil(64);
+            while line < end.min(part_end) {
+                // SAFETY: `line - part_start` is a line of this part; a prefetch has no
+                // architectural effect.
                 unsafe {
                     std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        part.as_ptr().add(line * 64).cast(),
+                        part.as_ptr().add((line - part_start) * 64).cast(),
                     )
                 };
+                line += 1;
             }
+            if line >= end {
+                break;
+            }
+            part_start = part_end;
         }
     }
 }
