@@ -525,21 +525,32 @@ pub unsafe fn softmax_to_bf16(
     (m, _mm512_add_ps(even, odd))
 }
 
-/// A lane's whole online-softmax step on the bf16 path, from the 16 running maxima [`scores`]
-/// kept (`maxima`): [`softmax_to_bf16`], then the lane's
-/// state moves to the new max — its unnormalised output `o` (`hdp` floats) and its running sum,
+/// The largest of a lane's 16 running maxima (what [`scores`] kept): the block's row max that
+/// [`softmax_lane`] takes. A horizontal reduction is a chain of ~25 cycles; a chunk's lanes take
+/// theirs one after another before any softmax, so that the chains overlap instead of each
+/// stalling its lane's exponentials.
+///
+/// # Safety
+/// The CPU must support the kernels; `maxima` holds 16 floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn lane_max(maxima: *const f32) -> f32 {
+    _mm512_reduce_max_ps(_mm512_loadu_ps(maxima))
+}
+
+/// A lane's whole online-softmax step on the bf16 path, from its block row max ([`lane_max`]):
+/// [`softmax_to_bf16`], then the lane's state moves to the new max — its unnormalised output `o` (`hdp` floats) and its running sum,
 /// kept as 16 partial sums `sums` (reduced once per segment, not once per block), are rescaled
 /// by `exp(max - new_max)` and the block's sums added.
 ///
 /// # Safety
-/// As [`softmax_to_bf16`]; `o` holds `hdp` floats (a multiple of 16), `maxima` and `sums` 16.
+/// As [`softmax_to_bf16`]; `o` holds `hdp` floats (a multiple of 16), `sums` 16.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn softmax_lane(
     row: *const f32,
     visible: usize,
     n: usize,
-    maxima: *const f32,
+    row_max: f32,
     offset: f32,
     max: &mut f32,
     sums: *mut f32,
@@ -547,7 +558,6 @@ pub unsafe fn softmax_lane(
     hdp: usize,
     out: *mut u16,
 ) {
-    let row_max = _mm512_reduce_max_ps(_mm512_loadu_ps(maxima));
     let (new_max, block_sums) = softmax_to_bf16(row, visible, n, row_max, offset, *max, out);
     // Deep in a context the max rarely moves: skip the exponential and the rescaling.
     let mut total = _mm512_loadu_ps(sums);

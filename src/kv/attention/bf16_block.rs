@@ -104,7 +104,12 @@ unsafe fn chunk_softmax(
     hdp: usize,
     bs: usize,
 ) {
-    for lane in lanes {
+    debug_assert!(lanes.len() <= 32, "a lane chunk holds at most 32 lanes");
+    let mut row_max = [0f32; 32];
+    for (lane, m) in lanes.clone().zip(&mut row_max) {
+        *m = bf16::lane_max(s.maxima[lane * 16..].as_ptr());
+    }
+    for (lane, &row_max) in lanes.zip(&row_max) {
         let visible = s.visible[lane];
         if visible == 0 {
             // Weights of zero: the lane shares the products with lanes that see keys.
@@ -116,10 +121,9 @@ unsafe fn chunk_softmax(
             s.sums[lane * 16..].as_mut_ptr(),
             s.o[lane * hdp..].as_mut_ptr(),
         );
-        let (maxima, max) = (s.maxima[lane * 16..].as_ptr(), &mut s.max[lane]);
-        let offset = s.offset[lane];
+        let (max, offset) = (&mut s.max[lane], s.offset[lane]);
         bf16::softmax_lane(
-            row, visible, weights, maxima, offset, max, sums, o, hdp, out,
+            row, visible, weights, row_max, offset, max, sums, o, hdp, out,
         );
     }
 }
