@@ -31,14 +31,20 @@ pub fn kv_storage(
     pages: usize,
 ) -> KvStorage {
     let mut kv = KvStorage::new(model.kv_shape(page_size), dtype, pages);
-    if dtype == KvDtype::Q8 {
-        kv.set_key_channels(key_channel_scales(model));
-    }
+    apply_key_channels(model, &mut kv);
     kv
 }
 
+/// Gives a q8 `kv` (the model's own, or a drafter's) the model's key channel scales; f16 and
+/// f32 storages need none.
+pub fn apply_key_channels(model: &Transformer, kv: &mut KvStorage) {
+    if kv.dtype() == KvDtype::Q8 {
+        kv.set_key_channels(key_channel_scales(model));
+    }
+}
+
 /// `[layer][kv_head][head_dim]` scales, measured the first time they are asked for.
-pub fn key_channel_scales(model: &Transformer) -> Arc<[f32]> {
+fn key_channel_scales(model: &Transformer) -> Arc<[f32]> {
     model
         .key_channels_cell()
         .get_or_init(|| measure(model))
@@ -90,11 +96,11 @@ impl SingleSequence<'_> {
         let mut out = vec![0f32; shape.num_layers * shape.num_kv_heads * hd];
         for (at, head) in out.chunks_exact_mut(hd).enumerate() {
             let (layer, h) = (at / shape.num_kv_heads, at % shape.num_kv_heads);
+            let mut column = vec![0f32; hd];
             for (p, &page) in self.table.page_ids().iter().enumerate() {
                 let slots = ps.min(self.tokens.len() - p * ps);
-                let mut column = vec![0f32; hd];
+                let keys = self.kv.head_rows(page, layer, KvKind::Key, h);
                 for slot in 0..slots {
-                    let keys = self.kv.head_rows(page, layer, KvKind::Key, h);
                     keys.column(slot, hd, &mut column);
                     for (m, x) in head.iter_mut().zip(&column) {
                         *m = m.max(x.abs());

@@ -22,7 +22,7 @@ use crate::error::KvError;
 use crate::kv::{KvDtype, PoolStats};
 use crate::model::{ModelBundle, Transformer};
 use crate::runner::batch::{OutputRows, SeqStep};
-use crate::runner::calibrate::key_channel_scales;
+use crate::runner::calibrate::apply_key_channels;
 use crate::spec::MAX_DEPTH;
 use actix::prelude::*;
 use anyhow::{bail, Result};
@@ -98,10 +98,7 @@ impl DraftWorker {
         num_pages: usize,
     ) -> Self {
         let mut cache = DrafterCache::new(model.kv_shape(page_size), dtype, num_pages);
-        if dtype == KvDtype::Q8 {
-            // As the target's own cache (`runner::calibrate`).
-            cache.kv.set_key_channels(key_channel_scales(&model));
-        }
+        apply_key_channels(&model, &mut cache.kv);
         Self {
             cache: cache.with_leftovers(),
             model,

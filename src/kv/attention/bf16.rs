@@ -538,8 +538,8 @@ pub unsafe fn lane_max(maxima: *const f32) -> f32 {
 }
 
 /// A lane's whole online-softmax step on the bf16 path, from its block row max ([`lane_max`]):
-/// [`softmax_to_bf16`], then the lane's state moves to the new max — its unnormalised output `o` (`hdp` floats) and its running sum,
-/// kept as 16 partial sums `sums` (reduced once per segment, not once per block), are rescaled
+/// [`softmax_to_bf16`], then the lane's state moves to the new max — its unnormalised output
+/// `o` (`hdp` floats) and its running sum, kept as 16 partial sums `sums` (reduced once per segment, not once per block), are rescaled
 /// by `exp(max - new_max)` and the block's sums added.
 ///
 /// # Safety
