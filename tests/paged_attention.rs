@@ -29,7 +29,7 @@ struct Case {
 fn tolerance(path: AttentionPath, dtype: KvDtype) -> f64 {
     match (path, dtype) {
         (_, KvDtype::Q8) => 2.5e-2,
-        (AttentionPath::Bf16 | AttentionPath::Amx, _) => 1e-2,
+        (AttentionPath::Bf16 | AttentionPath::Amx | AttentionPath::Int8, _) => 1e-2,
         (_, KvDtype::F32) => 1e-5,
         (_, KvDtype::F16) => 2e-3,
     }

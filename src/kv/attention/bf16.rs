@@ -412,7 +412,7 @@ impl Out {
     /// # Safety
     /// The CPU must support the kernels and the tile must lie inside the buffers.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn store_tile<const L: usize, const KC: usize>(
         &self,
         j: usize,
@@ -585,7 +585,7 @@ pub unsafe fn reduce_sums(sums: *const f32) -> f32 {
 /// values, never NaN; keys past a lane's visible ones may hold any finite score).
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_below(x: __m512, m_log2e: __m512) -> __m512 {
+pub(super) unsafe fn exp_below(x: __m512, m_log2e: __m512) -> __m512 {
     // 2^t with t = x·log2(e) - m·log2(e): 2^round(t) · 2^f, |f| ≤ 1/2.
     let t = _mm512_fmsub_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), m_log2e);
     let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);

@@ -31,14 +31,14 @@ pub(super) fn usable(page_size: usize, head_dim: usize) -> bool {
 /// A block's K and V pages in order, `page_size` slots each; the block's `nk` keys fill them
 /// but for the last, which holds what remains.
 pub(super) struct BlockPages<'a> {
-    keys: [HeadRows<'a>; MAX_PAGES],
-    values: [HeadRows<'a>; MAX_PAGES],
-    len: usize,
-    page_size: usize,
-    nk: usize,
+    pub(super) keys: [HeadRows<'a>; MAX_PAGES],
+    pub(super) values: [HeadRows<'a>; MAX_PAGES],
+    pub(super) len: usize,
+    pub(super) page_size: usize,
+    pub(super) nk: usize,
     /// The K and V bytes of the pages of the task's next block, which the products prefetch as
     /// they read the same places of this block's pages.
-    next: [(&'a [u8], &'a [u8]); MAX_PAGES],
+    pub(super) next: [(&'a [u8], &'a [u8]); MAX_PAGES],
 }
 
 impl<'a> BlockPages<'a> {
@@ -71,12 +71,12 @@ impl<'a> BlockPages<'a> {
     }
 
     /// The page, and the slot in it, of the block's key `j`.
-    fn at(&self, j: usize) -> (usize, usize) {
+    pub(super) fn at(&self, j: usize) -> (usize, usize) {
         (j / self.page_size, j % self.page_size)
     }
 
     /// Keys of the block in page `page`.
-    fn slots_in(&self, page: usize) -> usize {
+    pub(super) fn slots_in(&self, page: usize) -> usize {
         self.page_size.min(self.nk - page * self.page_size)
     }
 }
@@ -282,7 +282,7 @@ unsafe fn accumulate_tile<S: PageSrc, const L: usize, const DC: usize>(
 /// Asks for the cache line holding `p` (an address inside the next block's pages, or, past
 /// their ends, one that a prefetch may touch harmlessly: prefetches do not fault).
 #[inline(always)]
-fn prefetch_line(p: *const u8) {
+pub(super) fn prefetch_line(p: *const u8) {
     // SAFETY: a prefetch has no architectural effect.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
 }

@@ -41,6 +41,8 @@ mod bf16_block;
 mod bf16_pages;
 #[cfg(target_arch = "x86_64")]
 mod in_place;
+#[cfg(target_arch = "x86_64")]
+mod int8;
 mod micro;
 mod plan;
 
@@ -67,6 +69,10 @@ pub enum AttentionPath {
     /// The same operands and softmax as `Bf16`, both products on AMX tiles (16 lanes × 16
     /// keys or dimensions × 32 terms an instruction).
     Amx,
+    /// For q8 K/V: both products as integer dot products of the stored integers (AVX-512 VNNI),
+    /// queries quantised to int8 and softmax weights to int16, sums exact in int32 (see
+    /// `int8`). With f16 or f32 K/V it runs as `Bf16`.
+    Int8,
 }
 
 impl AttentionPath {
@@ -76,6 +82,7 @@ impl AttentionPath {
             AttentionPath::F32(d) => d.is_supported(),
             AttentionPath::Bf16 => bf16_supported(),
             AttentionPath::Amx => amx_supported(),
+            AttentionPath::Int8 => int8_supported(),
         }
     }
 
@@ -84,6 +91,7 @@ impl AttentionPath {
         let f32s = Dispatch::supported().into_iter().map(AttentionPath::F32);
         f32s.chain(bf16_supported().then_some(AttentionPath::Bf16))
             .chain(amx_supported().then_some(AttentionPath::Amx))
+            .chain(int8_supported().then_some(AttentionPath::Int8))
             .collect()
     }
 
@@ -92,14 +100,16 @@ impl AttentionPath {
     /// BF16 on AMD CPUs, whose `vdpbf16ps` does twice the multiply-adds of an f32 FMA (on
     /// Intel's it does not, and the conversions make it slower than f32: measured on a Xeon
     /// with AMX, a continuation's attention took 1.65× as long); f32 otherwise.
-    /// `MTPX_ATTENTION=f32|bf16|amx` (read once) overrides where the CPU can.
+    /// `MTPX_ATTENTION=f32|bf16|amx|int8` (read once) overrides where the CPU can.
     pub fn for_kv(dtype: KvDtype) -> AttentionPath {
         let f32_path = AttentionPath::F32(Dispatch::active());
         let avx512 = Dispatch::active() == Dispatch::Avx512;
         let bf16_ok = bf16_supported() && avx512;
         let amx_ok = amx_supported() && avx512;
+        let int8_ok = int8_supported() && avx512;
         match *ATTENTION_ENV.get_or_init(attention_from_env) {
             Some(AttentionPath::Amx) if amx_ok => AttentionPath::Amx,
+            Some(AttentionPath::Int8) if int8_ok => AttentionPath::Int8,
             Some(AttentionPath::Bf16) if bf16_ok => AttentionPath::Bf16,
             Some(_) => f32_path,
             None if dtype == KvDtype::F32 => f32_path,
@@ -115,6 +125,7 @@ impl AttentionPath {
             AttentionPath::F32(d) => format!("f32 ({d:?})").to_lowercase(),
             AttentionPath::Bf16 => "bf16 (avx512-bf16)".into(),
             AttentionPath::Amx => "bf16 (amx)".into(),
+            AttentionPath::Int8 => "int8 (avx512-vnni)".into(),
         }
     }
 }
@@ -127,9 +138,10 @@ fn attention_from_env() -> Option<AttentionPath> {
     match name.trim().to_ascii_lowercase().as_str() {
         "amx" => Some(AttentionPath::Amx),
         "bf16" => Some(AttentionPath::Bf16),
+        "int8" => Some(AttentionPath::Int8),
         "f32" => Some(AttentionPath::F32(Dispatch::Scalar)),
         _ => {
-            eprintln!("MTPX_ATTENTION={name}: expected f32, bf16 or amx; using the default");
+            eprintln!("MTPX_ATTENTION={name}: expected f32, bf16, amx or int8; using the default");
             None
         }
     }
@@ -138,6 +150,13 @@ fn attention_from_env() -> Option<AttentionPath> {
 fn amx_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     return amx::is_supported();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn int8_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return int8::is_supported() && bf16::is_supported();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
@@ -231,7 +250,14 @@ pub fn paged_attention_with(
     let mut partials = vec![0f32; plan.partials_len];
     let out_ptr = SharedPtr(out.as_mut_ptr());
     let partials_ptr = SharedPtr(partials.as_mut_ptr());
-    let bf16 = matches!(path, AttentionPath::Bf16 | AttentionPath::Amx);
+    // The integer products need q8 pages; other K/V take the bf16 path instead.
+    #[cfg(target_arch = "x86_64")]
+    let int8 =
+        path == AttentionPath::Int8 && kv.dtype() == KvDtype::Q8 && int8::usable(page_size, hd);
+    #[cfg(not(target_arch = "x86_64"))]
+    let int8 = false;
+    let bf16 = matches!(path, AttentionPath::Bf16 | AttentionPath::Amx)
+        || (path == AttentionPath::Int8 && !int8);
     // AMX tiles take 32 terms a product: whole tiles of head dimensions and of a block's keys,
     // or the AVX-512 BF16 kernels (same operands) do the block.
     let amx = path == AttentionPath::Amx
@@ -241,7 +267,7 @@ pub fn paged_attention_with(
             .is_multiple_of(32);
     let path = match path {
         AttentionPath::F32(d) => d,
-        AttentionPath::Bf16 | AttentionPath::Amx => Dispatch::Avx512,
+        AttentionPath::Bf16 | AttentionPath::Amx | AttentionPath::Int8 => Dispatch::Avx512,
     };
     #[cfg(target_arch = "x86_64")]
     let in_place =
@@ -258,6 +284,7 @@ pub fn paged_attention_with(
         amx,
         bf16_pages,
         in_place,
+        int8,
         q,
         rows,
         page_tables,
@@ -293,6 +320,9 @@ struct Context<'a> {
     /// The f32 products on AVX2 read f16 K and V in place from the pages (`in_place`), with no
     /// f32 scratch copy of the block.
     in_place: bool,
+    /// Both products in integers over q8 pages read in place (`int8`; x86-64 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    int8: bool,
     q: &'a [f32],
     rows: &'a [AttentionRow],
     page_tables: &'a [&'a [PageId]],
@@ -307,7 +337,7 @@ impl Context<'_> {
     /// hold an odd number of slots (pairs of keys straddle pages, so the pairs are packed from
     /// the f32 rows instead of straight from the pages).
     fn values_in_f32(&self) -> bool {
-        !self.in_place && (!self.bf16 || !self.kv.shape().page_size.is_multiple_of(2))
+        !self.in_place && !self.int8 && (!self.bf16 || !self.kv.shape().page_size.is_multiple_of(2))
     }
 }
 
@@ -359,6 +389,8 @@ struct Scratch {
     fold_max: Vec<f32>,
     fold_sum: Vec<f32>,
     fold_o: Vec<f32>,
+    #[cfg(target_arch = "x86_64")]
+    int8: int8::Int8Scratch,
 }
 
 fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, partials: SharedPtr) {
@@ -432,6 +464,10 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         s.kref.resize(hdp, 0.0);
         s.offset.resize(lanes16, 0.0);
     }
+    #[cfg(target_arch = "x86_64")]
+    if ctx.int8 {
+        int8::prepare(s, lanes, hdp, bs);
+    }
 
     // The running fold of this task's segments (unsplit tasks only).
     #[cfg(target_arch = "x86_64")]
@@ -456,7 +492,7 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
             attend_block(ctx, task, s, kb, bk.min(end - kb), key_end);
         }
         #[cfg(target_arch = "x86_64")]
-        if ctx.bf16 {
+        if ctx.bf16 || ctx.int8 {
             for lane in 0..lanes {
                 // SAFETY: the path was checked; `sums` holds 16 floats a lane.
                 s.sum[lane] = unsafe { bf16::reduce_sums(s.sums[lane * 16..].as_ptr()) };
@@ -559,7 +595,7 @@ fn attend_block(
     #[cfg(target_arch = "x86_64")]
     let mut in_place_pages = InPlacePages::default();
     #[cfg(target_arch = "x86_64")]
-    let mut block_pages = (ctx.bf16_pages && lanes <= bf16::MAX_LANES)
+    let mut block_pages = ((ctx.bf16_pages && lanes <= bf16::MAX_LANES) || ctx.int8)
         .then(|| bf16_pages::BlockPages::new(page_size));
     // Decode the block's pages (or, in place, note where they are).
     let mut j = 0;
@@ -632,7 +668,11 @@ fn attend_block(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        let next_pages = if ctx.bf16 { &[] } else { next_pages };
+        let next_pages = if ctx.bf16 || ctx.int8 {
+            &[]
+        } else {
+            next_pages
+        };
         for &page in next_pages {
             for kind in [KvKind::Key, KvKind::Value] {
                 kv.head_rows(page, ctx.layer, kind, task.kv_head).prefetch();
@@ -644,6 +684,13 @@ fn attend_block(
         s.visible[r * group..(r + 1) * group].fill(visible);
     }
 
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(pages)) = (ctx.int8, &block_pages) {
+        // SAFETY: the path and the pages' type and layout were checked; `attend_task` sized the
+        // scratch for this task.
+        unsafe { int8::block(s, pages, lanes, nk, hd, hdp, bs) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if ctx.bf16 {
         // SAFETY: the caller checked the path; `attend_task` sized the scratch for this task.

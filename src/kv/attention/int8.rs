@@ -1,0 +1,527 @@
+//! Attention over q8 pages in integers (AVX-512 VNNI and VBMI), K and V read in place.
+//!
+//! A q8 page holds every key and value row as int8 with one f32 scale per slot (keys also over
+//! fixed channel scales, which the queries carry), so both products can be integer dot
+//! products, exact in int32, with every rounding in a few f32 multiplies around them. Per key
+//! that is a third of the operations of turning the integers into bf16 pairs first, which is
+//! what made one decode row over a long q8 context compute-bound.
+//!
+//! - **Scores.** Each lane's query is quantised once per task in two int8 parts against its
+//!   largest component, `q ≈ sq · (hi + lo / 128)`: about 15 bits. (One part, 8 bits, was not
+//!   enough: the queries carry the keys' channel scales, whose outlier channels then set the
+//!   step of every other component; Qwen2.5-Coder-0.5B's logits moved by up to 1.7 against the
+//!   numpy reference, SmolLM2's by 3.6.) `vpdpbusd` multiplies 4 unsigned bytes by 4 signed
+//!   ones and adds the products to an int32: the keys are the unsigned side as
+//!   `k ^ 0x80 = k + 128`, and the `128 · Σu` this adds is taken off again, so a score is
+//!   `(128 Σ k·hi + Σ k·lo) · (sk · sq / 128)`. K rows are `[dim][slot]`; 4 dims × 16 slots (one
+//!   64-byte vector on pages of 16) are regrouped by `vpermb` into the 16 groups of a slot's 4
+//!   dims that `vpdpbusd` takes, once for both parts.
+//! - **Weighted values.** A lane's softmax weights of a block, with V's slot scales folded in
+//!   (`e_j · sv_j`), are quantised to int16 against their bound `max e · max sv` (so at most
+//!   32767, 15 bits where the bf16 path keeps 8), and `vpdpwssd` multiplies pairs of them by
+//!   pairs of V's int8 values (sign-extended). A block's sums (at most 128 · 32767 · 128 <
+//!   2^31) join the lane's f32 output once per block, times the quantisation step.
+//!
+//! A lane's arithmetic depends only on its own query, the keys it sees and the absolute block
+//! it is in, and the integer sums do not depend on their order: a row is bit-identical alone,
+//! in any batch and in any split, as the other paths are.
+
+use super::bf16::{exp_below, live, Out, MAX_LANES};
+use super::bf16_pages::{prefetch_line, BlockPages};
+use super::{seeing_chunks, Scratch};
+use crate::kernels::math::exp_nonpositive;
+use crate::kv::storage::HeadRows;
+use std::arch::x86_64::*;
+
+/// Whether this CPU runs the kernels (AVX-512 F/BW, VNNI and VBMI).
+pub fn is_supported() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vbmi")
+}
+
+/// Whether pages of this layout can be read by the kernels.
+pub(super) fn usable(page_size: usize, head_dim: usize) -> bool {
+    page_size.is_multiple_of(16) && head_dim.is_multiple_of(16) && head_dim <= 256
+}
+
+/// The path's per-task buffers: each lane's int8 query parts `[lane][hi, lo][hdp]`, its scale
+/// (`sq / 128`) and `128 · (128 Σhi + Σlo)`, the block's V slot scales `[bs]` and each lane's
+/// weight step of the current block.
+#[derive(Default)]
+pub(super) struct Int8Scratch {
+    queries: Vec<i8>,
+    query_scale: Vec<f32>,
+    query_bias: Vec<i32>,
+    value_scales: Vec<f32>,
+    weight_step: Vec<f32>,
+}
+
+/// `vpermb` indices taking 4 rows of 16 bytes (`[dim][slot]`) to 16 groups of 4 (`[slot][dim]`).
+const REGROUP: [u8; 64] = {
+    let mut idx = [0u8; 64];
+    let mut b = 0;
+    while b < 64 {
+        idx[b] = ((b % 4) * 16 + b / 4) as u8;
+        b += 1;
+    }
+    idx
+};
+
+/// `vpermt2d` indices putting a pair of `unpacklo/hi_epi16` results (dimensions 8k..8k+4 and
+/// 8k+4..8k+8 in 128-bit lane k) back in order: dimensions 0..16, then 16..32.
+const IN_ORDER: [[u32; 16]; 2] = [
+    [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23],
+    [8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31],
+];
+
+/// Sizes the buffers for a task of `lanes` lanes and quantises its queries (`s.q`, `[lane][hdp]`).
+pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
+    s.p16.resize(lanes * bs, 0);
+    let t = &mut s.int8;
+    t.queries.resize(lanes * 2 * hdp, 0);
+    t.query_scale.resize(lanes, 0.0);
+    t.query_bias.resize(lanes, 0);
+    t.value_scales.resize(bs, 0.0);
+    t.weight_step.resize(lanes, 0.0);
+    for lane in 0..lanes {
+        let q = &s.q[lane * hdp..(lane + 1) * hdp];
+        let (hi, lo) = t.queries[lane * 2 * hdp..(lane + 1) * 2 * hdp].split_at_mut(hdp);
+        (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, hi, lo);
+    }
+}
+
+/// `hi = round(q / sq)` with `sq = max |q| / 127`, and `lo = round(128 (q / sq - hi))`; returns
+/// `sq / 128` and `128 · (128 Σhi + Σlo)` (what the keys' `+ 128` adds to a score's sums).
+fn quantize_query(q: &[f32], hi: &mut [i8], lo: &mut [i8]) -> (f32, i32) {
+    let max = q.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if max == 0.0 || !max.is_finite() {
+        hi.fill(0);
+        lo.fill(0);
+        return (0.0, 0);
+    }
+    let inv = 127.0 / max;
+    let mut sum = 0i32;
+    for ((hi, lo), &x) in hi.iter_mut().zip(lo.iter_mut()).zip(q) {
+        let x = x * inv;
+        let h = x.round().clamp(-127.0, 127.0);
+        *hi = h as i8;
+        *lo = ((x - h) * 128.0).round().clamp(-127.0, 127.0) as i8;
+        sum += 128 * *hi as i32 + *lo as i32;
+    }
+    (max / 127.0 / 128.0, 128 * sum)
+}
+
+/// A block on this path: every lane's scores, softmax step and weighted values, lane chunk by
+/// lane chunk, over the block's pages.
+///
+/// # Safety
+/// The CPU must support the kernels, the pages must be q8 of a usable layout, and the scratch
+/// must be sized as `attend_task` sizes it (with [`prepare`] run).
+pub(super) unsafe fn block(
+    s: &mut Scratch,
+    pages: &BlockPages,
+    lanes: usize,
+    nk: usize,
+    hd: usize,
+    hdp: usize,
+    bs: usize,
+) {
+    let scales = &mut s.int8.value_scales;
+    scales.fill(0.0);
+    for (i, rows) in pages.values[..pages.len].iter().enumerate() {
+        let HeadRows::Q8 { scales: page, .. } = rows else {
+            unreachable!("the int8 path reads q8 pages only")
+        };
+        let n = pages.slots_in(i);
+        scales[i * pages.page_size..][..n].copy_from_slice(&page[..n]);
+    }
+    s.maxima.clear();
+    s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
+    let weights = nk.next_multiple_of(16);
+    let mut chunks = std::mem::take(&mut s.chunks);
+    chunks.clear();
+    chunks.extend(seeing_chunks(&s.visible[..lanes], MAX_LANES));
+    for &(l0, l1, keys) in &chunks {
+        let n = l1 - l0;
+        let t = &s.int8;
+        let out = Out {
+            s: s.s[l0 * bs..].as_mut_ptr(),
+            s_stride: bs,
+            visible: s.visible[l0..].as_ptr(),
+            maxima: s.maxima[l0 * 16..].as_mut_ptr(),
+        };
+        let queries = (
+            t.queries[l0 * 2 * hdp..].as_ptr(),
+            2 * hdp,
+            t.query_scale[l0..].as_ptr(),
+            t.query_bias[l0..].as_ptr(),
+        );
+        scores(pages, hd, queries, n, keys.next_multiple_of(16), &out);
+        for lane in l0..l1 {
+            let visible = s.visible[lane];
+            let w = s.p16[lane * bs..].as_mut_ptr().cast::<i16>();
+            if visible == 0 {
+                // Weights of zero: the lane shares the products with lanes that see keys.
+                std::ptr::write_bytes(w, 0, weights);
+                s.int8.weight_step[lane] = 0.0;
+                continue;
+            }
+            let row_max = _mm512_reduce_max_ps(_mm512_loadu_ps(s.maxima[lane * 16..].as_ptr()));
+            let lane_state = (
+                &mut s.max[lane],
+                s.sums[lane * 16..].as_mut_ptr(),
+                s.o[lane * hdp..].as_mut_ptr(),
+                hdp,
+            );
+            let row = s.s[lane * bs..].as_ptr();
+            s.int8.weight_step[lane] = softmax_lane(
+                row,
+                visible,
+                weights,
+                row_max,
+                s.int8.value_scales.as_ptr(),
+                lane_state,
+                w,
+            );
+        }
+        let w = (s.p16[l0 * bs..].as_ptr().cast::<i16>(), bs);
+        let step = s.int8.weight_step[l0..].as_ptr();
+        accumulate(
+            pages,
+            w,
+            n,
+            keys.div_ceil(2),
+            step,
+            s.o[l0 * hdp..].as_mut_ptr(),
+            hd,
+        );
+    }
+    s.chunks = chunks;
+}
+
+/// A chunk's quantised queries: the `[hi, lo]` parts (a lane's `stride` apart, `lo` half a
+/// stride after `hi`), each lane's scale and bias.
+type Queries = (*const i8, usize, *const f32, *const i32);
+
+/// Each lane's scores against the block's first `keys` keys (a multiple of 16) and its running
+/// maxima, into `out`. Scores of keys past the block's are 0.
+///
+/// # Safety
+/// As [`block`]; `lanes` is at most [`MAX_LANES`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn scores(
+    pages: &BlockPages,
+    hd: usize,
+    queries: Queries,
+    lanes: usize,
+    keys: usize,
+    out: &Out,
+) {
+    debug_assert!((1..=MAX_LANES).contains(&lanes) && keys <= pages.nk.next_multiple_of(16));
+    // 16 keys a tile: two parts' accumulators for 8 lanes fill half the registers.
+    for j in (0..keys).step_by(16) {
+        by_lanes!(lanes, scores_tile::<_, 1>(pages, hd, queries, j, out));
+    }
+}
+
+/// `L` lanes × `16 · KC` keys from key `j`, both parts' accumulators in registers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn scores_tile<const L: usize, const KC: usize>(
+    pages: &BlockPages,
+    hd: usize,
+    (u, u_stride, query_scale, query_bias): Queries,
+    j: usize,
+    out: &Out,
+) {
+    let regroup = _mm512_loadu_si512(REGROUP.as_ptr().cast());
+    let flip = _mm512_set1_epi8(-128);
+    let ps = pages.page_size;
+    // Each vector of 16 keys: where its slots start in its page, the next block's page, and the
+    // slots' scales (0 past the block's keys).
+    let mut src = [std::ptr::null::<i8>(); KC];
+    let mut next = [std::ptr::null::<u8>(); KC];
+    let mut key_scale = [_mm512_setzero_ps(); KC];
+    for c in 0..KC {
+        let (page, slot) = pages.at(j + 16 * c);
+        let HeadRows::Q8 { values, scales } = pages.keys[page] else {
+            unreachable!("the int8 path reads q8 pages only")
+        };
+        src[c] = values.as_ptr().add(slot);
+        next[c] = pages.next[page].0.as_ptr().wrapping_add(slot);
+        let m = live(pages.slots_in(page), slot);
+        key_scale[c] = _mm512_maskz_loadu_ps(m, scales.as_ptr().add(slot));
+    }
+    let prefetch = !pages.next[pages.at(j).0].0.is_empty();
+    // The lines a group's 4 rows span in the next block's page: one on pages of 16.
+    let line_rows = 64usize.div_ceil(ps).min(4);
+    let mut acc = [[_mm512_setzero_si512(); KC]; L];
+    let mut acc_lo = [[_mm512_setzero_si512(); KC]; L];
+    let lo = u_stride / 2;
+    for g in 0..hd / 4 {
+        let mut x = [_mm512_setzero_si512(); KC];
+        for (c, x) in x.iter_mut().enumerate() {
+            let at = 4 * g * ps;
+            if prefetch {
+                let mut r = 0;
+                while r < 4 {
+                    prefetch_line(next[c].wrapping_add(at + r * ps));
+                    r += line_rows;
+                }
+            }
+            let rows = four_rows(src[c].add(at), ps);
+            *x = _mm512_xor_si512(_mm512_permutexvar_epi8(regroup, rows), flip);
+        }
+        for (l, (acc, acc_lo)) in acc.iter_mut().zip(&mut acc_lo).enumerate() {
+            let at = u.add(l * u_stride + 4 * g);
+            let y = _mm512_set1_epi32(at.cast::<i32>().read_unaligned());
+            let y_lo = _mm512_set1_epi32(at.add(lo).cast::<i32>().read_unaligned());
+            for c in 0..KC {
+                acc[c] = _mm512_dpbusd_epi32(acc[c], x[c], y);
+                acc_lo[c] = _mm512_dpbusd_epi32(acc_lo[c], x[c], y_lo);
+            }
+        }
+    }
+    let mut f = [[_mm512_setzero_ps(); KC]; L];
+    for l in 0..L {
+        let (qs, bias) = (
+            _mm512_set1_ps(*query_scale.add(l)),
+            _mm512_set1_epi32(*query_bias.add(l)),
+        );
+        for c in 0..KC {
+            // 128 Σ k·hi + Σ k·lo (k + 128 each), exact: under 2^31 up to 256 dimensions.
+            let sum = _mm512_add_epi32(_mm512_slli_epi32::<7>(acc[l][c]), acc_lo[l][c]);
+            let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, bias));
+            f[l][c] = _mm512_mul_ps(dot, _mm512_mul_ps(key_scale[c], qs));
+        }
+    }
+    out.store_tile(j, &f);
+}
+
+/// 16 bytes from each of the rows at `p`, `p + ps`, `p + 2ps`, `p + 3ps`, in one vector.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn four_rows(p: *const i8, ps: usize) -> __m512i {
+    if ps == 16 {
+        return _mm512_loadu_si512(p.cast());
+    }
+    let row = |r: usize| _mm_loadu_si128(p.add(r * ps).cast());
+    let low = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(row(0)), row(1));
+    let high = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(row(2)), row(3));
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
+}
+
+/// One lane's online-softmax step over a block: with `m = max(running max, row_max)`, writes
+/// the int16 weights `round(exp(row[j] - m) · sv[j] / step)` for `j < visible` and 0 up to `n`
+/// (a multiple of 16), where `step = exp(row_max - m) · max sv[..visible] / 32767`; moves the
+/// lane's state (max, 16 partial sums of `exp(row[j] - m)`, output) to `m`; returns `step`.
+///
+/// # Safety
+/// As [`block`]; `row` and `sv` hold `n` finite floats, `w` room for `n` weights.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn softmax_lane(
+    row: *const f32,
+    visible: usize,
+    n: usize,
+    row_max: f32,
+    sv: *const f32,
+    (max, sums, o, hdp): (&mut f32, *mut f32, *mut f32, usize),
+    w: *mut i16,
+) -> f32 {
+    let m = max.max(row_max);
+    let mut sv_max = _mm512_setzero_ps();
+    for j in (0..visible).step_by(16) {
+        sv_max = _mm512_mask_max_ps(sv_max, live(visible, j), sv_max, _mm512_loadu_ps(sv.add(j)));
+    }
+    let bound = exp_nonpositive(row_max - m) * _mm512_reduce_max_ps(sv_max);
+    // (All-zero values, or weights below f32's range, give zero weights.)
+    let (per_step, step) = if bound > 0.0 && bound.is_finite() {
+        (32767.0 / bound, bound / 32767.0)
+    } else {
+        (0.0, 0.0)
+    };
+    let per_step = _mm512_set1_ps(per_step);
+    let m_log2e = _mm512_set1_ps(m * std::f32::consts::LOG2_E);
+    let full = visible / 16 * 16;
+    let weight = |j: usize| {
+        let e = exp_below(_mm512_loadu_ps(row.add(j)), m_log2e);
+        let e = if j >= full {
+            _mm512_maskz_mov_ps(live(visible, j), e)
+        } else {
+            e
+        };
+        let q = _mm512_mul_ps(e, _mm512_mul_ps(_mm512_loadu_ps(sv.add(j)), per_step));
+        // Saturating: the vector exponential may round a hair above the scalar one.
+        _mm256_storeu_si256(
+            w.add(j).cast(),
+            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(q)),
+        );
+        e
+    };
+    let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut j = 0;
+    while j + 32 <= n {
+        even = _mm512_add_ps(even, weight(j));
+        odd = _mm512_add_ps(odd, weight(j + 16));
+        j += 32;
+    }
+    if j < n {
+        even = _mm512_add_ps(even, weight(j));
+    }
+    let mut total = _mm512_loadu_ps(sums);
+    if *max != m {
+        let c = _mm512_set1_ps(exp_nonpositive(*max - m));
+        total = _mm512_mul_ps(total, c);
+        for d in (0..hdp).step_by(16) {
+            _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), c));
+        }
+        *max = m;
+    }
+    _mm512_storeu_ps(sums, _mm512_add_ps(total, _mm512_add_ps(even, odd)));
+    step
+}
+
+/// A chunk's int16 weights (rows `stride` apart).
+type Weights = (*const i16, usize);
+
+/// `o[l · hd + d] += step[l] · Σ_{i < pairs} (w[l][2i] · v[2i][d] + w[l][2i + 1] · v[2i + 1][d])`
+/// for `l < lanes` and `d < hd`, `v` the block's V integers; the sums run in int32.
+///
+/// # Safety
+/// As [`block`]; weights past the block's keys are 0 and `pairs` at most half the block's
+/// keys rounded up.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn accumulate(
+    pages: &BlockPages,
+    w: Weights,
+    lanes: usize,
+    pairs: usize,
+    step: *const f32,
+    o: *mut f32,
+    hd: usize,
+) {
+    debug_assert!((1..=MAX_LANES).contains(&lanes) && hd.is_multiple_of(16));
+    by_tiles!(lanes, hd, d => values_tile(pages, w, pairs, step, o, hd, d));
+}
+
+/// `L` lanes × `16 · DC` dimensions from `d`, all accumulators in registers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn values_tile<const L: usize, const DC: usize>(
+    pages: &BlockPages,
+    (w, w_stride): Weights,
+    pairs: usize,
+    step: *const f32,
+    o: *mut f32,
+    hd: usize,
+    d: usize,
+) {
+    let mut acc = [[_mm512_setzero_si512(); DC]; L];
+    let pairs_per_page = pages.page_size / 2;
+    for page in 0..pairs.div_ceil(pairs_per_page) {
+        let HeadRows::Q8 { values, .. } = pages.values[page] else {
+            unreachable!("the int8 path reads q8 pages only")
+        };
+        let first = page * pairs_per_page;
+        let next = pages.next[page].1;
+        for i in first..pairs.min(first + pairs_per_page) {
+            let at = 2 * (i - first) * hd + d;
+            if !next.is_empty() {
+                prefetch_line(next.as_ptr().wrapping_add(at));
+                prefetch_line(next.as_ptr().wrapping_add(at + hd));
+            }
+            let x = value_pairs::<DC>(values.as_ptr().add(at), hd);
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let y =
+                    _mm512_set1_epi32(w.add(l * w_stride + 2 * i).cast::<i32>().read_unaligned());
+                for c in 0..DC {
+                    acc[c] = _mm512_dpwssd_epi32(acc[c], x[c], y);
+                }
+            }
+        }
+    }
+    for (l, acc) in acc.iter().enumerate() {
+        let step = _mm512_set1_ps(*step.add(l));
+        let sums = in_order(acc);
+        for (c, sum) in sums.iter().enumerate() {
+            let at = o.add(l * hd + d + 16 * c);
+            _mm512_storeu_ps(
+                at,
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(*sum), step, _mm512_loadu_ps(at)),
+            );
+        }
+    }
+}
+
+/// The (v[a][d..], v[a + 1][d..]) int16 pairs of `16 · DC` dimensions from `a` (slot `a`'s
+/// row; slot `a + 1`'s is `hd` further on). With `DC` = 2 the dimensions come out in the order
+/// of `unpacklo/hi_epi16` ([`in_order`] undoes it on the sums).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn value_pairs<const DC: usize>(a: *const i8, hd: usize) -> [__m512i; DC] {
+    let mut x = [_mm512_setzero_si512(); DC];
+    if DC == 2 {
+        let va = _mm512_cvtepi8_epi16(_mm256_loadu_si256(a.cast()));
+        let vb = _mm512_cvtepi8_epi16(_mm256_loadu_si256(a.add(hd).cast()));
+        x[0] = _mm512_unpacklo_epi16(va, vb);
+        x[1] = _mm512_unpackhi_epi16(va, vb);
+    } else {
+        let (va, vb) = (_mm_loadu_si128(a.cast()), _mm_loadu_si128(a.add(hd).cast()));
+        let bytes = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_unpacklo_epi8(va, vb)),
+            _mm_unpackhi_epi8(va, vb),
+        );
+        x[0] = _mm512_cvtepi8_epi16(bytes);
+    }
+    x
+}
+
+/// A tile row's sums with its dimensions in order (see [`value_pairs`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn in_order<const DC: usize>(acc: &[__m512i; DC]) -> [__m512i; DC] {
+    if DC != 2 {
+        return *acc;
+    }
+    let mut out = *acc;
+    for (h, out) in out.iter_mut().enumerate() {
+        let idx = _mm512_loadu_si512(IN_ORDER[h].as_ptr().cast());
+        *out = _mm512_permutex2var_epi32(acc[0], idx, acc[1]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_round_against_their_largest_component() {
+        // q / sq = 50, -127, 0, 0.4, 100.3: the fractions go to the second part, in 128ths.
+        let q = [0.5f32, -1.27, 0.0, 0.004, 1.003];
+        let (mut hi, mut lo) = ([0i8; 5], [0i8; 5]);
+        let (scale, bias) = quantize_query(&q, &mut hi, &mut lo);
+        assert_eq!(hi, [50, -127, 0, 0, 100]);
+        assert_eq!(lo, [0, 0, 0, 51, 38]);
+        assert!((scale - 1.27 / 127.0 / 128.0).abs() < 1e-9);
+        let sum: i32 = hi
+            .iter()
+            .zip(&lo)
+            .map(|(&h, &l)| 128 * h as i32 + l as i32)
+            .sum();
+        assert_eq!(bias, 128 * sum);
+        let (scale, bias) = quantize_query(&[0.0; 5], &mut hi, &mut lo);
+        assert_eq!((scale, bias, hi, lo), (0.0, 0, [0; 5], [0; 5]));
+    }
+
+    #[test]
+    fn regrouping_takes_a_slots_four_dimensions_together() {
+        // Row r (a dimension) holds bytes 16r..16r + 16 (one per slot).
+        for (b, &from) in REGROUP.iter().enumerate() {
+            let (slot, dim) = (b / 4, b % 4);
+            assert_eq!(from as usize, dim * 16 + slot);
+        }
+    }
+}
