@@ -22,6 +22,10 @@
 //!   pairs of V's int8 values (sign-extended). A block's sums (at most 128 · 32767 · 128 <
 //!   2^31) join the lane's f32 output once per block, times the quantisation step.
 //!
+//! A task of one lane chunk (a decode row) reads the operands straight from the pages; a task
+//! of more lanes builds them once per block into scratch (`pack`) for all its chunks. Both
+//! give the same integers.
+//!
 //! A lane's arithmetic depends only on its own query, the keys it sees and the absolute block
 //! it is in, and the integer sums do not depend on their order: a row is bit-identical alone,
 //! in any batch and in any split, as the other paths are.
@@ -56,6 +60,25 @@ pub(super) struct Int8Scratch {
     query_bias: Vec<i32>,
     value_scales: Vec<f32>,
     weight_step: Vec<f32>,
+    /// The block's operands for tasks of several lane chunks: K groups `[key / 16][dim / 4][16]`
+    /// and V pairs `[key / 2][head_dim]` (dwords, in the kernels' order).
+    keys: Vec<i32>,
+    values: Vec<i32>,
+}
+
+/// Where a kernel takes its operands from.
+trait Source {
+    const PACKED: bool;
+}
+/// From the pages, as it goes.
+struct InPlace;
+/// From the block's packed operands.
+struct Packed;
+impl Source for InPlace {
+    const PACKED: bool = false;
+}
+impl Source for Packed {
+    const PACKED: bool = true;
 }
 
 /// `vpermb` indices taking 4 rows of 16 bytes (`[dim][slot]`) to 16 groups of 4 (`[slot][dim]`).
@@ -85,6 +108,10 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     t.query_bias.resize(lanes, 0);
     t.value_scales.resize(bs, 0.0);
     t.weight_step.resize(lanes, 0.0);
+    if lanes > MAX_LANES {
+        t.keys.resize(bs * hdp / 4, 0);
+        t.values.resize(bs.div_ceil(2) * hdp, 0);
+    }
     for lane in 0..lanes {
         let q = &s.q[lane * hdp..(lane + 1) * hdp];
         let (hi, lo) = t.queries[lane * 2 * hdp..(lane + 1) * 2 * hdp].split_at_mut(hdp);
@@ -140,6 +167,14 @@ pub(super) unsafe fn block(
     s.maxima.clear();
     s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
     let weights = nk.next_multiple_of(16);
+    let packed = lanes > MAX_LANES;
+    if packed {
+        let t = &mut s.int8;
+        pack(pages, hd, t.keys.as_mut_ptr(), t.values.as_mut_ptr());
+    }
+    let operands = (s.int8.keys.as_ptr(), s.int8.values.as_ptr());
+    // V's largest scale over the block: every lane's bound but for lanes that see part of it.
+    let block_sv = visible_max(s.int8.value_scales.as_ptr(), nk);
     let mut chunks = std::mem::take(&mut s.chunks);
     chunks.clear();
     chunks.extend(seeing_chunks(&s.visible[..lanes], MAX_LANES));
@@ -158,8 +193,19 @@ pub(super) unsafe fn block(
             t.query_scale[l0..].as_ptr(),
             t.query_bias[l0..].as_ptr(),
         );
-        scores(pages, hd, queries, n, keys.next_multiple_of(16), &out);
-        for lane in l0..l1 {
+        let keys16 = keys.next_multiple_of(16);
+        if packed {
+            scores::<Packed>(pages, operands, hd, queries, n, keys16, &out);
+        } else {
+            scores::<InPlace>(pages, operands, hd, queries, n, keys16, &out);
+        }
+        // The lanes' block maxima first: the horizontal reductions' chains then overlap instead
+        // of each stalling its lane's exponentials.
+        let mut row_max = [0f32; MAX_LANES];
+        for (lane, m) in (l0..l1).zip(&mut row_max) {
+            *m = _mm512_reduce_max_ps(_mm512_loadu_ps(s.maxima[lane * 16..].as_ptr()));
+        }
+        for (lane, &row_max) in (l0..l1).zip(&row_max) {
             let visible = s.visible[lane];
             let w = s.p16[lane * bs..].as_mut_ptr().cast::<i16>();
             if visible == 0 {
@@ -168,7 +214,12 @@ pub(super) unsafe fn block(
                 s.int8.weight_step[lane] = 0.0;
                 continue;
             }
-            let row_max = _mm512_reduce_max_ps(_mm512_loadu_ps(s.maxima[lane * 16..].as_ptr()));
+            let sv = s.int8.value_scales.as_ptr();
+            let sv_max = if visible == nk {
+                block_sv
+            } else {
+                visible_max(sv, visible)
+            };
             let lane_state = (
                 &mut s.max[lane],
                 s.sums[lane * 16..].as_mut_ptr(),
@@ -176,27 +227,17 @@ pub(super) unsafe fn block(
                 hdp,
             );
             let row = s.s[lane * bs..].as_ptr();
-            s.int8.weight_step[lane] = softmax_lane(
-                row,
-                visible,
-                weights,
-                row_max,
-                s.int8.value_scales.as_ptr(),
-                lane_state,
-                w,
-            );
+            s.int8.weight_step[lane] =
+                softmax_lane(row, visible, weights, row_max, (sv, sv_max), lane_state, w);
         }
         let w = (s.p16[l0 * bs..].as_ptr().cast::<i16>(), bs);
         let step = s.int8.weight_step[l0..].as_ptr();
-        accumulate(
-            pages,
-            w,
-            n,
-            keys.div_ceil(2),
-            step,
-            s.o[l0 * hdp..].as_mut_ptr(),
-            hd,
-        );
+        let (pairs, o) = (keys.div_ceil(2), s.o[l0 * hdp..].as_mut_ptr());
+        if packed {
+            accumulate::<Packed>(pages, operands, w, n, pairs, step, o, hd);
+        } else {
+            accumulate::<InPlace>(pages, operands, w, n, pairs, step, o, hd);
+        }
     }
     s.chunks = chunks;
 }
@@ -205,14 +246,75 @@ pub(super) unsafe fn block(
 /// stride after `hi`), each lane's scale and bias.
 type Queries = (*const i8, usize, *const f32, *const i32);
 
+/// The packed K groups and V pairs ([`Int8Scratch`]; unused in place).
+type Operands = (*const i32, *const i32);
+
+/// Builds the block's K groups and V pairs, as the in-place kernels build them, into `keys`
+/// and `values`, and prefetches the next block's pages on the way.
+///
+/// # Safety
+/// As [`block`]; the buffers are sized as [`prepare`] sizes them.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pack(pages: &BlockPages, hd: usize, keys: *mut i32, values: *mut i32) {
+    let regroup = _mm512_loadu_si512(REGROUP.as_ptr().cast());
+    let flip = _mm512_set1_epi8(-128);
+    let ps = pages.page_size;
+    let groups = hd / 4;
+    for v in 0..pages.nk.div_ceil(16) {
+        let (page, slot) = pages.at(16 * v);
+        let HeadRows::Q8 { values: k, .. } = pages.keys[page] else {
+            unreachable!("the int8 path reads q8 pages only")
+        };
+        let next = pages.next[page].0;
+        for g in 0..groups {
+            let at = slot + 4 * g * ps;
+            if !next.is_empty() {
+                for r in 0..4 {
+                    prefetch_line(next.as_ptr().wrapping_add(at + r * ps));
+                }
+            }
+            let rows = four_rows(k.as_ptr().add(at), ps);
+            let x = _mm512_xor_si512(_mm512_permutexvar_epi8(regroup, rows), flip);
+            _mm512_storeu_si512(keys.add((v * groups + g) * 16).cast(), x);
+        }
+    }
+    let pairs_per_page = ps / 2;
+    for i in 0..pages.nk.div_ceil(2) {
+        let page = i / pairs_per_page;
+        let HeadRows::Q8 { values: v, .. } = pages.values[page] else {
+            unreachable!("the int8 path reads q8 pages only")
+        };
+        let at = 2 * (i - page * pairs_per_page) * hd;
+        let next = pages.next[page].1;
+        if !next.is_empty() {
+            for line in (0..2 * hd).step_by(64) {
+                prefetch_line(next.as_ptr().wrapping_add(at + line));
+            }
+        }
+        let out = values.add(i * hd);
+        let mut d = 0;
+        while d + 32 <= hd {
+            let x = value_pairs::<2>(v.as_ptr().add(at + d), hd);
+            _mm512_storeu_si512(out.add(d).cast(), x[0]);
+            _mm512_storeu_si512(out.add(d + 16).cast(), x[1]);
+            d += 32;
+        }
+        if d < hd {
+            let x = value_pairs::<1>(v.as_ptr().add(at + d), hd);
+            _mm512_storeu_si512(out.add(d).cast(), x[0]);
+        }
+    }
+}
+
 /// Each lane's scores against the block's first `keys` keys (a multiple of 16) and its running
 /// maxima, into `out`. Scores of keys past the block's are 0.
 ///
 /// # Safety
 /// As [`block`]; `lanes` is at most [`MAX_LANES`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-unsafe fn scores(
+unsafe fn scores<S: Source>(
     pages: &BlockPages,
+    operands: Operands,
     hd: usize,
     queries: Queries,
     lanes: usize,
@@ -220,17 +322,71 @@ unsafe fn scores(
     out: &Out,
 ) {
     debug_assert!((1..=MAX_LANES).contains(&lanes) && keys <= pages.nk.next_multiple_of(16));
-    // 16 keys a tile: two parts' accumulators for 8 lanes fill half the registers.
-    for j in (0..keys).step_by(16) {
-        by_lanes!(lanes, scores_tile::<_, 1>(pages, hd, queries, j, out));
+    if !S::PACKED {
+        // All lanes a tile, 16 keys: each K group is built once for every lane (two parts'
+        // accumulators for 8 lanes fill half the registers).
+        for j in (0..keys).step_by(16) {
+            by_lanes!(lanes, scores_tile::<S; _, 1>(pages, operands, hd, queries, j, out));
+        }
+        return;
     }
+    // Packed groups cost a load: tiles of 4 lanes × 32 keys load 10 vectors for 16 dot
+    // products, where 8 lanes × 16 keys load 17.
+    let (u, u_stride, scale, bias) = queries;
+    for l0 in (0..lanes).step_by(4) {
+        let queries = (u.add(l0 * u_stride), u_stride, scale.add(l0), bias.add(l0));
+        let out = Out {
+            s: out.s.add(l0 * out.s_stride),
+            s_stride: out.s_stride,
+            visible: out.visible.add(l0),
+            maxima: out.maxima.add(16 * l0),
+        };
+        let (out, n) = (&out, (lanes - l0).min(4));
+        let mut j = 0;
+        while j + 32 <= keys {
+            by_lanes4!(n, packed_tile_32(pages, operands, hd, queries, j, out));
+            j += 32;
+        }
+        if j < keys {
+            by_lanes4!(n, packed_tile_16(pages, operands, hd, queries, j, out));
+        }
+    }
+}
+
+/// [`scores_tile`] on packed operands, `L` lanes × 32 keys.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn packed_tile_32<const L: usize>(
+    pages: &BlockPages,
+    operands: Operands,
+    hd: usize,
+    queries: Queries,
+    j: usize,
+    out: &Out,
+) {
+    scores_tile::<Packed, L, 2>(pages, operands, hd, queries, j, out)
+}
+
+/// [`scores_tile`] on packed operands, `L` lanes × 16 keys.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn packed_tile_16<const L: usize>(
+    pages: &BlockPages,
+    operands: Operands,
+    hd: usize,
+    queries: Queries,
+    j: usize,
+    out: &Out,
+) {
+    scores_tile::<Packed, L, 1>(pages, operands, hd, queries, j, out)
 }
 
 /// `L` lanes × `16 · KC` keys from key `j`, both parts' accumulators in registers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-unsafe fn scores_tile<const L: usize, const KC: usize>(
+unsafe fn scores_tile<S: Source, const L: usize, const KC: usize>(
     pages: &BlockPages,
+    (packed_keys, _): Operands,
     hd: usize,
     (u, u_stride, query_scale, query_bias): Queries,
     j: usize,
@@ -254,7 +410,8 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
         let m = live(pages.slots_in(page), slot);
         key_scale[c] = _mm512_maskz_loadu_ps(m, scales.as_ptr().add(slot));
     }
-    let prefetch = !pages.next[pages.at(j).0].0.is_empty();
+    let prefetch = !S::PACKED && !pages.next[pages.at(j).0].0.is_empty();
+    let groups = hd / 4;
     // The lines a group's 4 rows span in the next block's page: one on pages of 16.
     let line_rows = 64usize.div_ceil(ps).min(4);
     let mut acc = [[_mm512_setzero_si512(); KC]; L];
@@ -271,8 +428,13 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
                     r += line_rows;
                 }
             }
-            let rows = four_rows(src[c].add(at), ps);
-            *x = _mm512_xor_si512(_mm512_permutexvar_epi8(regroup, rows), flip);
+            *x = if S::PACKED {
+                let v = (j + 16 * c) / 16;
+                _mm512_loadu_si512(packed_keys.add((v * groups + g) * 16).cast())
+            } else {
+                let rows = four_rows(src[c].add(at), ps);
+                _mm512_xor_si512(_mm512_permutexvar_epi8(regroup, rows), flip)
+            };
         }
         for (l, (acc, acc_lo)) in acc.iter_mut().zip(&mut acc_lo).enumerate() {
             let at = u.add(l * u_stride + 4 * g);
@@ -313,6 +475,19 @@ unsafe fn four_rows(p: *const i8, ps: usize) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
 }
 
+/// The largest of `x[..n]` (0 for none).
+///
+/// # Safety
+/// The CPU must support AVX-512 F; `x` holds `n` floats rounded up to 16.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn visible_max(x: *const f32, n: usize) -> f32 {
+    let mut max = _mm512_setzero_ps();
+    for j in (0..n).step_by(16) {
+        max = _mm512_mask_max_ps(max, live(n, j), max, _mm512_loadu_ps(x.add(j)));
+    }
+    _mm512_reduce_max_ps(max)
+}
+
 /// One lane's online-softmax step over a block: with `m = max(running max, row_max)`, writes
 /// the int16 weights `round(exp(row[j] - m) · sv[j] / step)` for `j < visible` and 0 up to `n`
 /// (a multiple of 16), where `step = exp(row_max - m) · max sv[..visible] / 32767`; moves the
@@ -326,16 +501,16 @@ unsafe fn softmax_lane(
     visible: usize,
     n: usize,
     row_max: f32,
-    sv: *const f32,
+    (sv, sv_max): (*const f32, f32),
     (max, sums, o, hdp): (&mut f32, *mut f32, *mut f32, usize),
     w: *mut i16,
 ) -> f32 {
     let m = max.max(row_max);
-    let mut sv_max = _mm512_setzero_ps();
-    for j in (0..visible).step_by(16) {
-        sv_max = _mm512_mask_max_ps(sv_max, live(visible, j), sv_max, _mm512_loadu_ps(sv.add(j)));
-    }
-    let bound = exp_nonpositive(row_max - m) * _mm512_reduce_max_ps(sv_max);
+    let m_log2e = _mm512_set1_ps(m * std::f32::consts::LOG2_E);
+    // The largest weight, by the same exponential as the weights (a short chain; the scalar
+    // one is twice as long).
+    let e_max = _mm512_cvtss_f32(exp_below(_mm512_set1_ps(row_max), m_log2e));
+    let bound = e_max * sv_max;
     // (All-zero values, or weights below f32's range, give zero weights.)
     let (per_step, step) = if bound > 0.0 && bound.is_finite() {
         (32767.0 / bound, bound / 32767.0)
@@ -343,7 +518,6 @@ unsafe fn softmax_lane(
         (0.0, 0.0)
     };
     let per_step = _mm512_set1_ps(per_step);
-    let m_log2e = _mm512_set1_ps(m * std::f32::consts::LOG2_E);
     let full = visible / 16 * 16;
     let weight = |j: usize| {
         let e = exp_below(_mm512_loadu_ps(row.add(j)), m_log2e);
@@ -393,8 +567,10 @@ type Weights = (*const i16, usize);
 /// As [`block`]; weights past the block's keys are 0 and `pairs` at most half the block's
 /// keys rounded up.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn accumulate(
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate<S: Source>(
     pages: &BlockPages,
+    operands: Operands,
     w: Weights,
     lanes: usize,
     pairs: usize,
@@ -403,14 +579,16 @@ unsafe fn accumulate(
     hd: usize,
 ) {
     debug_assert!((1..=MAX_LANES).contains(&lanes) && hd.is_multiple_of(16));
-    by_tiles!(lanes, hd, d => values_tile(pages, w, pairs, step, o, hd, d));
+    by_tiles!(lanes, hd, d => values_tile::<S>(pages, operands, w, pairs, step, o, hd, d));
 }
 
 /// `L` lanes × `16 · DC` dimensions from `d`, all accumulators in registers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn values_tile<const L: usize, const DC: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_tile<S: Source, const L: usize, const DC: usize>(
     pages: &BlockPages,
+    (_, packed_values): Operands,
     (w, w_stride): Weights,
     pairs: usize,
     step: *const f32,
@@ -428,11 +606,19 @@ unsafe fn values_tile<const L: usize, const DC: usize>(
         let next = pages.next[page].1;
         for i in first..pairs.min(first + pairs_per_page) {
             let at = 2 * (i - first) * hd + d;
-            if !next.is_empty() {
-                prefetch_line(next.as_ptr().wrapping_add(at));
-                prefetch_line(next.as_ptr().wrapping_add(at + hd));
-            }
-            let x = value_pairs::<DC>(values.as_ptr().add(at), hd);
+            let x = if S::PACKED {
+                let mut x = [_mm512_setzero_si512(); DC];
+                for (c, x) in x.iter_mut().enumerate() {
+                    *x = _mm512_loadu_si512(packed_values.add(i * hd + d + 16 * c).cast());
+                }
+                x
+            } else {
+                if !next.is_empty() {
+                    prefetch_line(next.as_ptr().wrapping_add(at));
+                    prefetch_line(next.as_ptr().wrapping_add(at + hd));
+                }
+                value_pairs::<DC>(values.as_ptr().add(at), hd)
+            };
             for (l, acc) in acc.iter_mut().enumerate() {
                 let y =
                     _mm512_set1_epi32(w.add(l * w_stride + 2 * i).cast::<i32>().read_unaligned());
