@@ -510,19 +510,54 @@ pub unsafe fn softmax_to_bf16(
         );
         e
     };
+    (m, sum_vectors(n, weight))
+}
+
+/// `Σ f(j)` over `j` = 0, 16, … below `n` (16 partial sums), each vector computed in turn.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn sum_vectors(n: usize, mut f: impl FnMut(usize) -> __m512) -> __m512 {
     // Two sums (even and odd vectors), so that the additions of consecutive vectors do not
     // wait on each other; two named ones, as an array indexed in the loop lived on the stack.
     let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut j = 0;
     while j + 32 <= n {
-        even = _mm512_add_ps(even, weight(j));
-        odd = _mm512_add_ps(odd, weight(j + 16));
+        even = _mm512_add_ps(even, f(j));
+        odd = _mm512_add_ps(odd, f(j + 16));
         j += 32;
     }
     if j < n {
-        even = _mm512_add_ps(even, weight(j));
+        even = _mm512_add_ps(even, f(j));
     }
-    (m, _mm512_add_ps(even, odd))
+    _mm512_add_ps(even, odd)
+}
+
+/// Moves a lane's online-softmax state (its running `max`, 16 partial sums `sums` and
+/// unnormalised output `o` of `hdp` floats) to `new_max` and adds a block's partial sums.
+///
+/// # Safety
+/// The CPU must support AVX-512 F; `sums` holds 16 floats, `o` `hdp` (a multiple of 16).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn advance(
+    max: &mut f32,
+    new_max: f32,
+    sums: *mut f32,
+    block_sums: __m512,
+    o: *mut f32,
+    hdp: usize,
+) {
+    // Deep in a context the max rarely moves: skip the exponential and the rescaling.
+    let mut total = _mm512_loadu_ps(sums);
+    if *max != new_max {
+        let c = _mm512_set1_ps(exp_nonpositive(*max - new_max));
+        total = _mm512_mul_ps(total, c);
+        for d in (0..hdp).step_by(16) {
+            _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), c));
+        }
+        *max = new_max;
+    }
+    _mm512_storeu_ps(sums, _mm512_add_ps(total, block_sums));
 }
 
 /// The largest of a lane's 16 running maxima (what [`scores`] kept): the block's row max that
@@ -559,17 +594,7 @@ pub unsafe fn softmax_lane(
     out: *mut u16,
 ) {
     let (new_max, block_sums) = softmax_to_bf16(row, visible, n, row_max, offset, *max, out);
-    // Deep in a context the max rarely moves: skip the exponential and the rescaling.
-    let mut total = _mm512_loadu_ps(sums);
-    if *max != new_max {
-        let c = _mm512_set1_ps(exp_nonpositive(*max - new_max));
-        total = _mm512_mul_ps(total, c);
-        for d in (0..hdp).step_by(16) {
-            _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), c));
-        }
-        *max = new_max;
-    }
-    _mm512_storeu_ps(sums, _mm512_add_ps(total, block_sums));
+    advance(max, new_max, sums, block_sums, o, hdp);
 }
 
 /// The sum of a lane's 16 partial sums.

@@ -30,10 +30,9 @@
 //! it is in, and the integer sums do not depend on their order: a row is bit-identical alone,
 //! in any batch and in any split, as the other paths are.
 
-use super::bf16::{exp_below, live, Out, MAX_LANES};
+use super::bf16::{advance, exp_below, live, sum_vectors, Out, MAX_LANES};
 use super::bf16_pages::{prefetch_line, BlockPages};
 use super::{seeing_chunks, Scratch};
-use crate::kernels::math::exp_nonpositive;
 use crate::kv::storage::HeadRows;
 use std::arch::x86_64::*;
 
@@ -527,33 +526,15 @@ unsafe fn softmax_lane(
             e
         };
         let q = _mm512_mul_ps(e, _mm512_mul_ps(_mm512_loadu_ps(sv.add(j)), per_step));
-        // Saturating: the vector exponential may round a hair above the scalar one.
+        // Saturating: the products may round to 32768.
         _mm256_storeu_si256(
             w.add(j).cast(),
             _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(q)),
         );
         e
     };
-    let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut j = 0;
-    while j + 32 <= n {
-        even = _mm512_add_ps(even, weight(j));
-        odd = _mm512_add_ps(odd, weight(j + 16));
-        j += 32;
-    }
-    if j < n {
-        even = _mm512_add_ps(even, weight(j));
-    }
-    let mut total = _mm512_loadu_ps(sums);
-    if *max != m {
-        let c = _mm512_set1_ps(exp_nonpositive(*max - m));
-        total = _mm512_mul_ps(total, c);
-        for d in (0..hdp).step_by(16) {
-            _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(o.add(d)), c));
-        }
-        *max = m;
-    }
-    _mm512_storeu_ps(sums, _mm512_add_ps(total, _mm512_add_ps(even, odd)));
+    let block_sums = sum_vectors(n, weight);
+    advance(max, m, sums, block_sums, o, hdp);
     step
 }
 
