@@ -49,7 +49,9 @@ pub(super) fn usable(page_size: usize, head_dim: usize) -> bool {
     page_size.is_multiple_of(16) && head_dim.is_multiple_of(16) && head_dim <= 256
 }
 
-/// The path's per-task buffers: each lane's int8 query parts `[lane][hi, lo][hdp]`, its scale
+/// The path's per-task buffers: the lanes' int8 query parts, 8 lanes' 4 dims of both parts in one
+/// cache line (`[lane / 8][dim / 4][lane % 8][hi, lo][4]`: a tile reads one pointer plus
+/// constant offsets), each lane's scale
 /// (`sq / 128`) and `128 · (128 Σhi + Σlo)`, the block's V slot scales `[bs]` and each lane's
 /// weight step of the current block.
 #[derive(Default)]
@@ -102,7 +104,9 @@ const IN_ORDER: [[u32; 16]; 2] = [
 pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     s.p16.resize(lanes * bs, 0);
     let t = &mut s.int8;
-    t.queries.resize(lanes * 2 * hdp, 0);
+    let groups = hdp / 4;
+    t.queries.clear();
+    t.queries.resize(lanes.div_ceil(MAX_LANES) * groups * 64, 0);
     t.query_scale.resize(lanes, 0.0);
     t.query_bias.resize(lanes, 0);
     t.value_scales.resize(bs, 0.0);
@@ -111,10 +115,16 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
         t.keys.resize(bs * hdp / 4, 0);
         t.values.resize(bs.div_ceil(2) * hdp, 0);
     }
+    let (mut hi, mut lo) = (vec![0i8; hdp], vec![0i8; hdp]);
     for lane in 0..lanes {
         let q = &s.q[lane * hdp..(lane + 1) * hdp];
-        let (hi, lo) = t.queries[lane * 2 * hdp..(lane + 1) * 2 * hdp].split_at_mut(hdp);
-        (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, hi, lo);
+        (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, &mut hi, &mut lo);
+        let (chunk, sub) = (lane / MAX_LANES, lane % MAX_LANES);
+        for g in 0..groups {
+            let at = ((chunk * groups + g) * MAX_LANES + sub) * 8;
+            t.queries[at..at + 4].copy_from_slice(&hi[4 * g..4 * g + 4]);
+            t.queries[at + 4..at + 8].copy_from_slice(&lo[4 * g..4 * g + 4]);
+        }
     }
 }
 
@@ -186,9 +196,9 @@ pub(super) unsafe fn block(
             visible: s.visible[l0..].as_ptr(),
             maxima: s.maxima[l0 * 16..].as_mut_ptr(),
         };
+        // (Chunks start at multiples of MAX_LANES.)
         let queries = (
-            t.queries[l0 * 2 * hdp..].as_ptr(),
-            2 * hdp,
+            t.queries[l0 / MAX_LANES * (hdp / 4) * 64..].as_ptr(),
             t.query_scale[l0..].as_ptr(),
             t.query_bias[l0..].as_ptr(),
         );
@@ -241,9 +251,9 @@ pub(super) unsafe fn block(
     s.chunks = chunks;
 }
 
-/// A chunk's quantised queries: the `[hi, lo]` parts (a lane's `stride` apart, `lo` half a
-/// stride after `hi`), each lane's scale and bias.
-type Queries = (*const i8, usize, *const f32, *const i32);
+/// A chunk's quantised queries from its first lane (laid out as [`Int8Scratch`] says), each
+/// lane's scale and bias.
+type Queries = (*const i8, *const f32, *const i32);
 
 /// The packed K groups and V pairs ([`Int8Scratch`]; unused in place).
 type Operands = (*const i32, *const i32);
@@ -268,7 +278,7 @@ unsafe fn pack(pages: &BlockPages, hd: usize, keys: *mut i32, values: *mut i32) 
         for g in 0..groups {
             let at = slot + 4 * g * ps;
             if !next.is_empty() {
-                for r in 0..4 {
+                for r in (0..4).step_by(if ps == 16 { 4 } else { 1 }) {
                     prefetch_line(next.as_ptr().wrapping_add(at + r * ps));
                 }
             }
@@ -331,9 +341,9 @@ unsafe fn scores<S: Source>(
     }
     // Packed groups cost a load: tiles of 4 lanes × 32 keys load 10 vectors for 16 dot
     // products, where 8 lanes × 16 keys load 17.
-    let (u, u_stride, scale, bias) = queries;
+    let (u, scale, bias) = queries;
     for l0 in (0..lanes).step_by(4) {
-        let queries = (u.add(l0 * u_stride), u_stride, scale.add(l0), bias.add(l0));
+        let queries = (u.add(l0 * 8), scale.add(l0), bias.add(l0));
         let out = Out {
             s: out.s.add(l0 * out.s_stride),
             s_stride: out.s_stride,
@@ -343,41 +353,13 @@ unsafe fn scores<S: Source>(
         let (out, n) = (&out, (lanes - l0).min(4));
         let mut j = 0;
         while j + 32 <= keys {
-            by_lanes4!(n, packed_tile_32(pages, operands, hd, queries, j, out));
+            by_lanes4!(n, scores_tile::<Packed; _, 2>(pages, operands, hd, queries, j, out));
             j += 32;
         }
         if j < keys {
-            by_lanes4!(n, packed_tile_16(pages, operands, hd, queries, j, out));
+            by_lanes4!(n, scores_tile::<Packed; _, 1>(pages, operands, hd, queries, j, out));
         }
     }
-}
-
-/// [`scores_tile`] on packed operands, `L` lanes × 32 keys.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-unsafe fn packed_tile_32<const L: usize>(
-    pages: &BlockPages,
-    operands: Operands,
-    hd: usize,
-    queries: Queries,
-    j: usize,
-    out: &Out,
-) {
-    scores_tile::<Packed, L, 2>(pages, operands, hd, queries, j, out)
-}
-
-/// [`scores_tile`] on packed operands, `L` lanes × 16 keys.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-unsafe fn packed_tile_16<const L: usize>(
-    pages: &BlockPages,
-    operands: Operands,
-    hd: usize,
-    queries: Queries,
-    j: usize,
-    out: &Out,
-) {
-    scores_tile::<Packed, L, 1>(pages, operands, hd, queries, j, out)
 }
 
 /// `L` lanes × `16 · KC` keys from key `j`, both parts' accumulators in registers.
@@ -387,7 +369,7 @@ unsafe fn scores_tile<S: Source, const L: usize, const KC: usize>(
     pages: &BlockPages,
     (packed_keys, _): Operands,
     hd: usize,
-    (u, u_stride, query_scale, query_bias): Queries,
+    (u, query_scale, query_bias): Queries,
     j: usize,
     out: &Out,
 ) {
@@ -412,10 +394,13 @@ unsafe fn scores_tile<S: Source, const L: usize, const KC: usize>(
     let prefetch = !S::PACKED && !pages.next[pages.at(j).0].0.is_empty();
     let groups = hd / 4;
     // The lines a group's 4 rows span in the next block's page: one on pages of 16.
-    let line_rows = 64usize.div_ceil(ps).min(4);
+    let line_rows = match ps {
+        16 => 4,
+        32 => 2,
+        _ => 1,
+    };
     let mut acc = [[_mm512_setzero_si512(); KC]; L];
     let mut acc_lo = [[_mm512_setzero_si512(); KC]; L];
-    let lo = u_stride / 2;
     for g in 0..hd / 4 {
         let mut x = [_mm512_setzero_si512(); KC];
         for (c, x) in x.iter_mut().enumerate() {
@@ -436,9 +421,9 @@ unsafe fn scores_tile<S: Source, const L: usize, const KC: usize>(
             };
         }
         for (l, (acc, acc_lo)) in acc.iter_mut().zip(&mut acc_lo).enumerate() {
-            let at = u.add(l * u_stride + 4 * g);
+            let at = u.add(g * 8 * MAX_LANES + l * 8);
             let y = _mm512_set1_epi32(at.cast::<i32>().read_unaligned());
-            let y_lo = _mm512_set1_epi32(at.add(lo).cast::<i32>().read_unaligned());
+            let y_lo = _mm512_set1_epi32(at.add(4).cast::<i32>().read_unaligned());
             for c in 0..KC {
                 acc[c] = _mm512_dpbusd_epi32(acc[c], x[c], y);
                 acc_lo[c] = _mm512_dpbusd_epi32(acc_lo[c], x[c], y_lo);
@@ -594,7 +579,8 @@ unsafe fn values_tile<S: Source, const L: usize, const DC: usize>(
                 }
                 x
             } else {
-                if !next.is_empty() {
+                // Once a line: the tiles of a row's first 64 dimensions read the same one.
+                if !next.is_empty() && d.is_multiple_of(64) {
                     prefetch_line(next.as_ptr().wrapping_add(at));
                     prefetch_line(next.as_ptr().wrapping_add(at + hd));
                 }

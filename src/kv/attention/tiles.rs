@@ -24,7 +24,8 @@ macro_rules! by_lanes {
     };
 }
 
-/// The same for the AVX2 kernels (`micro`'s AVX2 module, `in_place`), which take up to 4 lanes.
+/// The same for the AVX2 kernels (`micro`'s AVX2 module, `in_place`), which take up to 4 lanes,
+/// and `int8`'s packed score tiles.
 macro_rules! by_lanes4 {
     ($lanes:expr, $f:ident ($($arg:expr),*)) => {
         match $lanes {
@@ -32,6 +33,15 @@ macro_rules! by_lanes4 {
             2 => $f::<2>($($arg),*),
             3 => $f::<3>($($arg),*),
             _ => $f::<4>($($arg),*),
+        }
+    };
+    // (`$f::<T; _, C>` as for `by_lanes`.)
+    ($lanes:expr, $f:ident :: <$t:ty; _, $c:tt>($($arg:expr),*)) => {
+        match $lanes {
+            1 => $f::<$t, 1, $c>($($arg),*),
+            2 => $f::<$t, 2, $c>($($arg),*),
+            3 => $f::<$t, 3, $c>($($arg),*),
+            _ => $f::<$t, 4, $c>($($arg),*),
         }
     };
 }
