@@ -57,6 +57,8 @@ pub(super) fn usable(page_size: usize, head_dim: usize) -> bool {
 #[derive(Default)]
 pub(super) struct Int8Scratch {
     queries: Vec<i8>,
+    /// One lane's two parts before they are laid out.
+    parts: Vec<i8>,
     query_scale: Vec<f32>,
     query_bias: Vec<i32>,
     value_scales: Vec<f32>,
@@ -115,10 +117,11 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
         t.keys.resize(bs * hdp / 4, 0);
         t.values.resize(bs.div_ceil(2) * hdp, 0);
     }
-    let (mut hi, mut lo) = (vec![0i8; hdp], vec![0i8; hdp]);
+    t.parts.resize(2 * hdp, 0);
+    let (hi, lo) = t.parts.split_at_mut(hdp);
     for lane in 0..lanes {
         let q = &s.q[lane * hdp..(lane + 1) * hdp];
-        (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, &mut hi, &mut lo);
+        (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, hi, lo);
         let (chunk, sub) = (lane / MAX_LANES, lane % MAX_LANES);
         for g in 0..groups {
             let at = ((chunk * groups + g) * MAX_LANES + sub) * 8;
