@@ -50,7 +50,9 @@ mod plan;
 use super::pool::PageId;
 #[cfg(target_arch = "x86_64")]
 use super::storage::HeadRows;
-use super::storage::{KvDtype, KvKind, KvStorage};
+#[cfg(target_arch = "x86_64")]
+use super::storage::KvDtype;
+use super::storage::{KvKind, KvStorage};
 use crate::kernels::math::exp_nonpositive;
 use crate::kernels::Dispatch;
 pub use path::AttentionPath;
