@@ -566,16 +566,17 @@ pub(super) unsafe fn advance(
 /// stalling its lane's exponentials.
 ///
 /// # Safety
-/// The CPU must support the kernels; `maxima` holds 16 floats.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+/// The CPU must support AVX-512 F; `maxima` holds 16 floats.
+#[inline]
+#[target_feature(enable = "avx512f")]
 pub unsafe fn lane_max(maxima: *const f32) -> f32 {
     _mm512_reduce_max_ps(_mm512_loadu_ps(maxima))
 }
 
 /// A lane's whole online-softmax step on the bf16 path, from its block row max ([`lane_max`]):
-/// [`softmax_to_bf16`], then the lane's state moves to the new max — its unnormalised output
-/// `o` (`hdp` floats) and its running sum, kept as 16 partial sums `sums` (reduced once per segment, not once per block), are rescaled
-/// by `exp(max - new_max)` and the block's sums added.
+/// [`softmax_to_bf16`], then [`advance`] moves the lane's state (its unnormalised output `o` of
+/// `hdp` floats and its running sum, kept as 16 partial sums `sums`, reduced once per segment)
+/// to the new max.
 ///
 /// # Safety
 /// As [`softmax_to_bf16`]; `o` holds `hdp` floats (a multiple of 16), `sums` 16.

@@ -30,7 +30,7 @@
 //! it is in, and the integer sums do not depend on their order: a row is bit-identical alone,
 //! in any batch and in any split, as the other paths are.
 
-use super::bf16::{advance, exp_below, live, sum_vectors, Out, MAX_LANES};
+use super::bf16::{advance, exp_below, lane_max, live, sum_vectors, Out, MAX_LANES};
 use super::bf16_pages::{prefetch_line, BlockPages};
 use super::{seeing_chunks, Scratch};
 use crate::kv::storage::HeadRows;
@@ -215,7 +215,7 @@ pub(super) unsafe fn block(
         // of each stalling its lane's exponentials.
         let mut row_max = [0f32; MAX_LANES];
         for (lane, m) in (l0..l1).zip(&mut row_max) {
-            *m = _mm512_reduce_max_ps(_mm512_loadu_ps(s.maxima[lane * 16..].as_ptr()));
+            *m = lane_max(s.maxima[lane * 16..].as_ptr());
         }
         for (lane, &row_max) in (l0..l1).zip(&row_max) {
             let visible = s.visible[lane];

@@ -299,8 +299,9 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     let key_end = task.keys.end.min(max_pos + 1);
 
     // (Scratch lives for one call, so `hdp` is fixed and V's padding columns stay zero.) The
-    // bf16 path decodes K straight into pairs, and V too unless pairs of keys straddle pages.
-    if !ctx.bf16 && !ctx.in_place && s.kt.len() < hd * bs {
+    // bf16 path decodes K straight into pairs, and V too unless pairs of keys straddle pages;
+    // the int8 path reads both from the pages.
+    if !ctx.bf16 && !ctx.in_place && !ctx.int8 && s.kt.len() < hd * bs {
         s.kt.resize(hd * bs, 0.0);
     }
     // Whole pairs of V rows for the bf16 path (rows past the block are finite and weighted 0).
