@@ -473,18 +473,28 @@ pub unsafe fn take_maxima(
     }
 }
 
-/// One lane's online-softmax step over a block, for the bf16 products, with the lane's
-/// scores `offset + row[j]` and `row_max = max(row[..visible])`: with
-/// `m = max(running_max, offset + row_max)`, writes `bf16(exp(offset + row[j] - m))` to `out[j]`
-/// for `j < visible` and 0 up to `n` (a multiple of 16), and returns `m` and the 16 partial
-/// sums of `exp(offset + row[j] - m)` in f32. The exponential is a degree-4 polynomial of 2^f
-/// (relative error under 5e-5, far below the bf16 rounding of the weights that follows).
-/// `visible` must be at least 1.
+/// How softmax weights are rounded for the weighted values' product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Weights {
+    /// For `vdpbf16ps` and AMX (8 significant bits).
+    Bf16,
+    /// For the fp16 path's `vfmadd231ph` (11 significant bits; weights under 2^-24 are 0).
+    F16,
+}
+
+/// One lane's online-softmax step over a block, for the bf16 (or fp16) products, with the
+/// lane's scores `offset + row[j]` and `row_max = max(row[..visible])`: with
+/// `m = max(running_max, offset + row_max)`, writes `exp(offset + row[j] - m)`, rounded as
+/// `weights` says, to `out[j]` for `j < visible` and 0 up to `n` (a multiple of 16), and
+/// returns `m` and the 16 partial sums of `exp(offset + row[j] - m)` in f32. The exponential is
+/// a degree-4 polynomial of 2^f (relative error under 5e-5, far below the rounding of the
+/// weights that follows). `visible` must be at least 1.
 ///
 /// # Safety
 /// The CPU must support the kernels; `row` holds `n` finite floats and `out` `n` values.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn softmax_to_bf16(
+pub unsafe fn softmax_weights(
     row: *const f32,
     visible: usize,
     n: usize,
@@ -492,6 +502,7 @@ pub unsafe fn softmax_to_bf16(
     offset: f32,
     running_max: f32,
     out: *mut u16,
+    weights: Weights,
 ) -> (f32, __m512) {
     // Whole vectors of visible keys need no mask; only the last partial one does.
     let full = visible / 16 * 16;
@@ -504,10 +515,11 @@ pub unsafe fn softmax_to_bf16(
         } else {
             e
         };
-        _mm256_storeu_si256(
-            out.add(j).cast(),
-            std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)),
-        );
+        let rounded = match weights {
+            Weights::Bf16 => std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)),
+            Weights::F16 => _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(e),
+        };
+        _mm256_storeu_si256(out.add(j).cast(), rounded);
         e
     };
     (m, sum_vectors(n, weight))
@@ -574,12 +586,12 @@ pub unsafe fn lane_max(maxima: *const f32) -> f32 {
 }
 
 /// A lane's whole online-softmax step on the bf16 path, from its block row max ([`lane_max`]):
-/// [`softmax_to_bf16`], then [`advance`] moves the lane's state (its unnormalised output `o` of
+/// [`softmax_weights`], then [`advance`] moves the lane's state (its unnormalised output `o` of
 /// `hdp` floats and its running sum, kept as 16 partial sums `sums`, reduced once per segment)
 /// to the new max.
 ///
 /// # Safety
-/// As [`softmax_to_bf16`]; `o` holds `hdp` floats (a multiple of 16), `sums` 16.
+/// As [`softmax_weights`]; `o` holds `hdp` floats (a multiple of 16), `sums` 16.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn softmax_lane(
@@ -593,8 +605,10 @@ pub unsafe fn softmax_lane(
     o: *mut f32,
     hdp: usize,
     out: *mut u16,
+    weights: Weights,
 ) {
-    let (new_max, block_sums) = softmax_to_bf16(row, visible, n, row_max, offset, *max, out);
+    let (new_max, block_sums) =
+        softmax_weights(row, visible, n, row_max, offset, *max, out, weights);
     advance(max, new_max, sums, block_sums, o, hdp);
 }
 
@@ -745,8 +759,18 @@ mod tests {
                 .iter()
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
-            let (m, sums) =
-                unsafe { softmax_to_bf16(row.as_ptr(), visible, n, row_max, 0.0, -1.0, out) };
+            let (m, sums) = unsafe {
+                softmax_weights(
+                    row.as_ptr(),
+                    visible,
+                    n,
+                    row_max,
+                    0.0,
+                    -1.0,
+                    out,
+                    Weights::Bf16,
+                )
+            };
             let sum = unsafe { _mm512_reduce_add_ps(sums) };
             let want_m = row[..visible].iter().fold(-1f32, |a, &b| a.max(b));
             assert_eq!(m, want_m);

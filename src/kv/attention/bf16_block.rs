@@ -54,7 +54,7 @@ pub(super) unsafe fn bf16_block(
     for (i, &(l0, l1, keys)) in chunks.iter().enumerate() {
         next.prefetch_share(i, chunks.len());
         chunk_scores(s, amx, pages, l0..l1, keys, hd, hdp, bs);
-        chunk_softmax(s, l0..l1, weights, hdp, bs);
+        chunk_softmax(s, l0..l1, weights, hdp, bs, bf16::Weights::Bf16);
         chunk_values(s, amx, pages, l0..l1, keys, hdp, bs);
     }
     s.chunks = chunks;
@@ -93,16 +93,18 @@ unsafe fn chunk_scores(
     }
 }
 
-/// The softmax step of lanes `lanes`, writing `weights` bf16 weights a lane.
+/// The softmax step of lanes `lanes`, writing `weights` weights a lane, rounded as `kind`
+/// says (bf16, or fp16 for the fp16 path).
 ///
 /// # Safety
-/// As [`bf16_block`], after [`chunk_scores`].
-unsafe fn chunk_softmax(
+/// As [`bf16_block`], after [`chunk_scores`] (or the fp16 path's scores).
+pub(super) unsafe fn chunk_softmax(
     s: &mut Scratch,
     lanes: Range<usize>,
     weights: usize,
     hdp: usize,
     bs: usize,
+    kind: bf16::Weights,
 ) {
     debug_assert!(lanes.len() <= 32, "a lane chunk holds at most 32 lanes");
     let mut row_max = [0f32; 32];
@@ -123,7 +125,7 @@ unsafe fn chunk_softmax(
         );
         let (max, offset) = (&mut s.max[lane], s.offset[lane]);
         bf16::softmax_lane(
-            row, visible, weights, row_max, offset, max, sums, o, hdp, out,
+            row, visible, weights, row_max, offset, max, sums, o, hdp, out, kind,
         );
     }
 }
@@ -176,7 +178,7 @@ impl<'a> NextBlock<'a> {
     /// Prefetches share `i` of `n` of the parts' cache lines, the parts taken as one run of
     /// lines. (Splitting each part into `n` shares cost two divisions per part and chunk: with
     /// 50 lane chunks and 16 parts, the largest item of a block's bookkeeping.)
-    fn prefetch_share(&self, i: usize, n: usize) {
+    pub(super) fn prefetch_share(&self, i: usize, n: usize) {
         let (mut line, end) = (i * self.lines / n, (i + 1) * self.lines / n);
         let mut part_start = 0;
         for part in &self.parts[..self.len] {

@@ -40,6 +40,8 @@ mod bf16_block;
 #[cfg(target_arch = "x86_64")]
 mod bf16_pages;
 #[cfg(target_arch = "x86_64")]
+mod fp16;
+#[cfg(target_arch = "x86_64")]
 mod in_place;
 #[cfg(target_arch = "x86_64")]
 mod int8;
@@ -147,8 +149,15 @@ pub fn paged_attention_with(
         path == AttentionPath::Int8 && kv.dtype() == KvDtype::Q8 && int8::usable(page_size, hd);
     #[cfg(not(target_arch = "x86_64"))]
     let int8 = false;
+    // The fp16 products need f16 pages; other K/V take the f32 path instead.
+    #[cfg(target_arch = "x86_64")]
+    let fp16 =
+        path == AttentionPath::F16 && kv.dtype() == KvDtype::F16 && fp16::usable(page_size, hd);
+    #[cfg(not(target_arch = "x86_64"))]
+    let fp16 = false;
     let bf16 = matches!(path, AttentionPath::Bf16 | AttentionPath::Amx)
-        || (path == AttentionPath::Int8 && !int8);
+        || (path == AttentionPath::Int8 && !int8)
+        || fp16;
     // AMX tiles take 32 terms a product: whole tiles of head dimensions and of a block's keys,
     // or the AVX-512 BF16 kernels (same operands) do the block.
     let amx = path == AttentionPath::Amx
@@ -158,7 +167,9 @@ pub fn paged_attention_with(
             .is_multiple_of(32);
     let path = match path {
         AttentionPath::F32(d) => d,
-        AttentionPath::Bf16 | AttentionPath::Amx | AttentionPath::Int8 => Dispatch::Avx512,
+        AttentionPath::Bf16 | AttentionPath::Amx | AttentionPath::Int8 | AttentionPath::F16 => {
+            Dispatch::Avx512
+        }
     };
     #[cfg(target_arch = "x86_64")]
     let in_place =
@@ -166,7 +177,7 @@ pub fn paged_attention_with(
     #[cfg(not(target_arch = "x86_64"))]
     let in_place = false;
     #[cfg(target_arch = "x86_64")]
-    let bf16_pages = bf16 && !amx && bf16_pages::usable(page_size, hd);
+    let bf16_pages = bf16 && !amx && !fp16 && bf16_pages::usable(page_size, hd);
     #[cfg(not(target_arch = "x86_64"))]
     let bf16_pages = false;
     let ctx = Context {
@@ -176,6 +187,7 @@ pub fn paged_attention_with(
         bf16_pages,
         in_place,
         int8,
+        fp16,
         q,
         rows,
         page_tables,
@@ -214,6 +226,10 @@ struct Context<'a> {
     /// Both products in integers over q8 pages read in place (`int8`; x86-64 only).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     int8: bool,
+    /// The bf16 path's steps with fp16 products over f16 pages, V read in place (`fp16`;
+    /// x86-64 only). `bf16` is set too.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fp16: bool,
     q: &'a [f32],
     rows: &'a [AttentionRow],
     page_tables: &'a [&'a [PageId]],
@@ -228,7 +244,10 @@ impl Context<'_> {
     /// hold an odd number of slots (pairs of keys straddle pages, so the pairs are packed from
     /// the f32 rows instead of straight from the pages).
     fn values_in_f32(&self) -> bool {
-        !self.in_place && !self.int8 && (!self.bf16 || !self.kv.shape().page_size.is_multiple_of(2))
+        !self.in_place
+            && !self.int8
+            && !self.fp16
+            && (!self.bf16 || !self.kv.shape().page_size.is_multiple_of(2))
     }
 }
 
@@ -344,7 +363,13 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         s.kt2.resize(hd / 2 * bs, 0);
         s.q16.resize(tile_lanes * hdp, 0);
         // SAFETY: the path was checked; both buffers hold `lanes * hdp` values.
-        unsafe { bf16::to_bf16(s.q.as_ptr(), lanes * hdp, s.q16.as_mut_ptr()) };
+        unsafe {
+            if ctx.fp16 {
+                fp16::to_f16(s.q.as_ptr(), lanes * hdp, s.q16.as_mut_ptr());
+            } else {
+                bf16::to_bf16(s.q.as_ptr(), lanes * hdp, s.q16.as_mut_ptr());
+            }
+        }
         let lanes16 = lanes.next_multiple_of(16);
         s.qt.clear();
         s.qt.resize(hd * lanes16, 0.0);
@@ -505,8 +530,14 @@ fn attend_block(
             continue;
         }
         #[cfg(target_arch = "x86_64")]
-        if ctx.in_place {
+        if ctx.in_place || ctx.fp16 {
             let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
+            if let (true, HeadRows::F16(k)) = (ctx.fp16, keys) {
+                let out = s.kt2[j..].as_mut_ptr();
+                // SAFETY: the path was checked; `kt2` holds `head_dim / 2` rows of `bs >= nk`
+                // pairs.
+                unsafe { fp16::key_pairs(k, n, hd, s.kref.as_ptr(), out, bs) };
+            }
             in_place_pages.push(keys, values);
             j += n;
             continue;
@@ -581,6 +612,14 @@ fn attend_block(
         // SAFETY: the path and the pages' type and layout were checked; `attend_task` sized the
         // scratch for this task.
         unsafe { int8::block(s, pages, lanes, nk, hd, hdp, bs) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if ctx.fp16 {
+        let values = in_place_pages.values();
+        // SAFETY: the path was checked; `attend_task` sized the scratch for this task and the
+        // block's K pairs were packed above.
+        unsafe { fp16::block(s, values, page_size, &next_block, lanes, hd, hdp, bs) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

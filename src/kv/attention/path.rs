@@ -22,6 +22,10 @@ pub enum AttentionPath {
     /// queries quantised to int8 and softmax weights to int16, sums exact in int32 (see
     /// `int8`). With f16 or f32 K/V it runs as `Bf16`.
     Int8,
+    /// For f16 K/V: the `Bf16` path's operands and softmax with fp16 in place of bf16, both
+    /// products as AVX-512 FP16 multiply-adds (32 a vector) summed in fp16 within a block (see
+    /// `fp16`). With q8 or f32 K/V it runs as `F32`.
+    F16,
 }
 
 impl AttentionPath {
@@ -32,6 +36,7 @@ impl AttentionPath {
             AttentionPath::Bf16 => bf16_supported(),
             AttentionPath::Amx => amx_supported(),
             AttentionPath::Int8 => int8_supported(),
+            AttentionPath::F16 => fp16_supported(),
         }
     }
 
@@ -41,6 +46,7 @@ impl AttentionPath {
         f32s.chain(bf16_supported().then_some(AttentionPath::Bf16))
             .chain(amx_supported().then_some(AttentionPath::Amx))
             .chain(int8_supported().then_some(AttentionPath::Int8))
+            .chain(fp16_supported().then_some(AttentionPath::F16))
             .collect()
     }
 
@@ -51,17 +57,19 @@ impl AttentionPath {
     /// with AMX, a continuation's attention took 1.65× as long); for q8 K/V on AMD CPUs with
     /// VNNI and VBMI, the integer products (one decode row over a long context ~25% faster
     /// than bf16 on a Zen 5); f32 otherwise.
-    /// `MTPX_ATTENTION=f32|bf16|amx|int8` (read once) overrides where the CPU can.
+    /// `MTPX_ATTENTION=f32|bf16|amx|int8|fp16` (read once) overrides where the CPU can.
     pub fn for_kv(dtype: KvDtype) -> AttentionPath {
         let f32_path = AttentionPath::F32(Dispatch::active());
         let avx512 = Dispatch::active() == Dispatch::Avx512;
         let bf16_ok = bf16_supported() && avx512;
         let amx_ok = amx_supported() && avx512;
         let int8_ok = int8_supported() && avx512;
+        let fp16_ok = fp16_supported() && avx512;
         match *ATTENTION_ENV.get_or_init(attention_from_env) {
             Some(AttentionPath::Amx) if amx_ok => AttentionPath::Amx,
             Some(AttentionPath::Int8) if int8_ok => AttentionPath::Int8,
             Some(AttentionPath::Bf16) if bf16_ok => AttentionPath::Bf16,
+            Some(AttentionPath::F16) if fp16_ok => AttentionPath::F16,
             Some(_) => f32_path,
             None if dtype == KvDtype::F32 => f32_path,
             None if amx_ok => AttentionPath::Amx,
@@ -78,6 +86,7 @@ impl AttentionPath {
             AttentionPath::Bf16 => "bf16 (avx512-bf16)".into(),
             AttentionPath::Amx => "bf16 (amx)".into(),
             AttentionPath::Int8 => "int8 (avx512-vnni)".into(),
+            AttentionPath::F16 => "fp16 (avx512-fp16)".into(),
         }
     }
 }
@@ -91,9 +100,12 @@ fn attention_from_env() -> Option<AttentionPath> {
         "amx" => Some(AttentionPath::Amx),
         "bf16" => Some(AttentionPath::Bf16),
         "int8" => Some(AttentionPath::Int8),
+        "fp16" => Some(AttentionPath::F16),
         "f32" => Some(AttentionPath::F32(Dispatch::Scalar)),
         _ => {
-            eprintln!("MTPX_ATTENTION={name}: expected f32, bf16, amx or int8; using the default");
+            eprintln!(
+                "MTPX_ATTENTION={name}: expected f32, bf16, amx, int8 or fp16; using the default"
+            );
             None
         }
     }
@@ -109,6 +121,13 @@ fn amx_supported() -> bool {
 fn int8_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     return super::int8::is_supported() && super::bf16::is_supported();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn fp16_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::fp16::is_supported();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
