@@ -7,11 +7,12 @@
 //! had for a continuation's attention, and it also widens every f16 K/V element to f32 first.
 //!
 //! The operands are the bf16 path's (`bf16_block`) with fp16 in place of bf16:
-//! - scores: the scaled queries in fp16 against K centred on the block's first key, packed as
-//!   pairs of dimensions (`key_pairs`), so that a vector holds 16 keys × 2 dimensions; the fp16
-//!   sums of a pair's two halves are added in f32 (`pair_sums`), then `offsets` (an f32 dot
-//!   product with the first key) completes each score. Centring keeps the fp16 sums small:
-//!   Qwen2.5's keys carry large components that vary slowly with position.
+//! - scores: the scaled queries in fp16 against K centred on the block's first key
+//!   (`centred_keys`, in the pages' own layout: a row of keys per dimension), 32 keys a
+//!   vector, each query element broadcast; the fp16 sums over the head's dimensions are widened
+//!   to f32 and `offsets` (an f32 dot product with the first key) completes each score.
+//!   Centring keeps the fp16 sums small: Qwen2.5's keys carry large components that vary
+//!   slowly with position.
 //! - softmax: `bf16::softmax_lane`, writing fp16 weights.
 //! - weighted values: V rows read in place from the f16 pages (no packing), each key's weight
 //!   broadcast; a lane's fp16 sums over the block (at most `plan::BLOCK_KEYS` keys, weights at
@@ -31,10 +32,13 @@ pub fn is_supported() -> bool {
 }
 
 /// Whether blocks of this layout can take the path (with f16 pages): whole vectors of 32
-/// dimensions for the weighted values, and pages of a multiple of 16 slots, so that a block
-/// spans at most `in_place::MAX_PAGES` of them.
+/// dimensions for the weighted values, pages of a multiple of 16 slots, so that a block spans
+/// at most `in_place::MAX_PAGES` of them, and blocks of a multiple of 32 keys, so that the
+/// scores' vectors of 32 keys stay inside a block's rows.
 pub(super) fn usable(page_size: usize, head_dim: usize) -> bool {
-    page_size.is_multiple_of(16) && head_dim.is_multiple_of(32)
+    page_size.is_multiple_of(16)
+        && head_dim.is_multiple_of(32)
+        && super::plan::block_keys(page_size).is_multiple_of(32)
 }
 
 /// Largest finite fp16: centred keys are clamped to it, so that two f16 keys of opposite signs
@@ -55,53 +59,45 @@ pub(super) unsafe fn to_f16(x: *const f32, n: usize, out: *mut u16) {
     }
 }
 
-/// The scores' K operand from an f16 page whose rows (dimensions) are `page_size` apart:
-/// `out[p * out_stride + j] = (f16(k[2p][j] - r[2p]), f16(k[2p + 1][j] - r[2p + 1]))` for
-/// `j < num_slots` and `p < head_dim / 2`, each difference taken in f32 and rounded once.
+/// The scores' K operand from an f16 page whose rows (dimensions) are `page_size` apart, in
+/// the page's own layout: `out[d * out_stride + j] = f16(k[d][j] - r[d])` for `j < num_slots`
+/// and `d < head_dim`, each difference taken in f32 and rounded once.
 ///
 /// # Safety
-/// The CPU must support the kernels; `rows` are f16, `head_dim` is even, `r` holds
-/// `head_dim` floats and `out` has room for every index above.
+/// The CPU must support the kernels; `rows` are f16, `r` holds `head_dim` floats and `out` has
+/// room for every index above.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
-pub(super) unsafe fn key_pairs(
+pub(super) unsafe fn centred_keys(
     rows: &[half::f16],
     num_slots: usize,
     head_dim: usize,
     r: *const f32,
-    out: *mut u32,
+    out: *mut u16,
     out_stride: usize,
 ) {
     let page_size = rows.len() / head_dim;
     let k = rows.as_ptr().cast::<u16>();
-    let idx = _mm512_loadu_si512(bf16::INTERLEAVE.as_ptr().cast());
     let (lo, hi) = (_mm512_set1_ps(-F16_MAX), _mm512_set1_ps(F16_MAX));
-    let centred = |d: usize, j: usize, m: __mmask16| {
-        let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k.add(d * page_size + j).cast()));
-        let x = _mm512_sub_ps(x, _mm512_set1_ps(*r.add(d)));
-        _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_min_ps(
-            _mm512_max_ps(x, lo),
-            hi,
-        ))
-    };
     for j in (0..num_slots).step_by(16) {
         let m = live(num_slots, j);
-        for p in 0..head_dim / 2 {
-            let (a, b) = (centred(2 * p, j, m), centred(2 * p + 1, j, m));
-            // [a0..a15, b0..b15] → (a_i, b_i) pairs.
-            let halves = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
-            let pairs = _mm512_permutexvar_epi16(idx, halves);
-            _mm512_mask_storeu_epi32(out.add(p * out_stride + j).cast(), m, pairs);
+        for d in 0..head_dim {
+            let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k.add(d * page_size + j).cast()));
+            let x = _mm512_sub_ps(x, _mm512_set1_ps(*r.add(d)));
+            let x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            _mm256_mask_storeu_epi16(out.add(d * out_stride + j).cast(), m, h);
         }
     }
 }
 
 /// A block on the fp16 path: every lane's scores, softmax step and weighted values, lane chunk
-/// by lane chunk, with the block's K pairs packed in `s.kt2` and its V pages `values`
+/// by lane chunk, with the block's centred keys in `s.kt2` (as `u16`, rows of `bs`) and its V
+/// pages `values`
 /// (`page_size` slots a page).
 ///
 /// # Safety
 /// The CPU must support the kernels, and the scratch must be sized as `attend_task` sizes it
-/// for `lanes` lanes on the bf16 path, with the block's K pairs in place.
+/// for `lanes` lanes on the bf16 path, with the block's centred keys in place.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn block(
     s: &mut Scratch,
@@ -140,8 +136,22 @@ pub(super) unsafe fn block(
             visible: s.visible[l0..].as_ptr(),
             maxima: s.maxima[l0 * 16..].as_mut_ptr(),
         };
-        let (q16, k) = (s.q16[l0 * hdp..].as_ptr(), s.kt2.as_ptr());
-        by_tiles!(n, keys16, j => scores_tile(q16, hdp, k.add(j), bs, hd / 2, j, &out));
+        let (q16, k) = (s.q16[l0 * hdp..].as_ptr(), s.kt2.as_ptr().cast::<u16>());
+        let keys32 = keys.next_multiple_of(32);
+        let mut j = 0;
+        while j + 64 <= keys32 {
+            by_lanes!(
+                n,
+                scores_tile::<_, 2>(q16, hdp, k.add(j), bs, hd, j, keys16, &out)
+            );
+            j += 64;
+        }
+        if j < keys32 {
+            by_lanes!(
+                n,
+                scores_tile::<_, 1>(q16, hdp, k.add(j), bs, hd, j, keys16, &out)
+            );
+        }
         bf16_block::chunk_softmax(s, l0..l1, keys16, hdp, bs, bf16::Weights::F16);
         let (w, o) = (s.p16[l0 * bs..].as_ptr(), s.o[l0 * hdp..].as_mut_ptr());
         accumulate(&v, w, bs, n, keys, o, hdp);
@@ -149,52 +159,54 @@ pub(super) unsafe fn block(
     s.chunks = chunks;
 }
 
-/// `L` lanes × `16 · KC` keys from key `j`: the fp16 sums of each lane's query pairs (`q` rows
-/// `q_stride` apart) times the K pairs (`k` rows `k_stride` pairs apart), each key's two halves
-/// added in f32, stored with the lanes' running maxima.
+/// `L` lanes × `32 · KC` keys from key `j`: the fp16 sums over `head_dim` dimensions of each
+/// lane's query (`q` rows `q_stride` apart, each element broadcast) times the centred keys (`k`
+/// rows, one a dimension, `k_stride` apart), in f32, stored with the lanes' running maxima for
+/// the keys below `keys16` (the keys of the chunk rounded up to 16).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn scores_tile<const L: usize, const KC: usize>(
     q: *const u16,
     q_stride: usize,
-    k: *const u32,
+    k: *const u16,
     k_stride: usize,
-    pairs: usize,
+    head_dim: usize,
     j: usize,
+    keys16: usize,
     out: &Out,
 ) {
     let mut acc = [[_mm512_setzero_ph(); KC]; L];
-    for p in 0..pairs {
-        let row = k.add(p * k_stride);
+    for d in 0..head_dim {
+        let row = k.add(d * k_stride);
         let mut x = [_mm512_setzero_ph(); KC];
         for (c, x) in x.iter_mut().enumerate() {
-            *x = _mm512_castsi512_ph(_mm512_loadu_si512(row.add(16 * c).cast()));
+            *x = _mm512_castsi512_ph(_mm512_loadu_si512(row.add(32 * c).cast()));
         }
         for (l, acc) in acc.iter_mut().enumerate() {
-            let pair = q.add(l * q_stride + 2 * p).cast::<i32>().read_unaligned();
-            let y = _mm512_castsi512_ph(_mm512_set1_epi32(pair));
+            let y = q.add(l * q_stride + d);
             for c in 0..KC {
-                acc[c] = _mm512_fmadd_ph(y, x[c], acc[c]);
+                acc[c] = fmadd_broadcast(acc[c], x[c], y);
             }
         }
     }
-    let mut sums = [[_mm512_setzero_ps(); KC]; L];
-    for (sums, acc) in sums.iter_mut().zip(&acc) {
-        for (sum, acc) in sums.iter_mut().zip(acc) {
-            *sum = pair_sums(*acc);
+    for c in 0..KC {
+        let at = j + 32 * c;
+        let mut sums = [[_mm512_setzero_ps(); 2]; L];
+        for (sums, acc) in sums.iter_mut().zip(&acc) {
+            let x = _mm512_castph_si512(acc[c]);
+            sums[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(x));
+            sums[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(x));
+        }
+        if at + 32 <= keys16 {
+            out.store_tile(at, &sums);
+        } else {
+            // The chunk's keys end in this vector's first half: the second lies past the
+            // scores' row.
+            let first = sums.map(|s| [s[0]]);
+            out.store_tile(at, &first);
         }
     }
-    out.store_tile(j, &sums);
-}
-
-/// The 16 sums `x[2i] + x[2i + 1]` of a vector of fp16 pairs, in f32.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
-unsafe fn pair_sums(x: __m512h) -> __m512 {
-    let x = _mm512_castph_si512(x);
-    let even = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x));
-    let odd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(x)));
-    _mm512_add_ps(even, odd)
 }
 
 /// A block's V pages: row `slot` of page `i` (`head_dim` f16) at `rows[i] + slot · head_dim`.

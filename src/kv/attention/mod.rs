@@ -60,6 +60,7 @@ use crate::kernels::Dispatch;
 pub use path::AttentionPath;
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// Where one query row attends from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +141,12 @@ pub fn paged_attention_with(
     }
     let group = shape.num_heads / shape.num_kv_heads;
     let plan = plan_tasks(rows, shape.num_kv_heads, group, hd, page_size, threads);
-    let mut partials = vec![0f32; plan.partials_len];
+    // Buffers kept by the calling thread between calls: allocated per call, the split-K states
+    // (1.5 MB for 50 rows after 8K) came as fresh pages from the kernel each time (`perf`: 5% of
+    // such a call clearing pages).
+    let mut partials = PARTIALS.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    partials.clear();
+    partials.resize(plan.partials_len, 0.0);
     let out_ptr = SharedPtr(out.as_mut_ptr());
     let partials_ptr = SharedPtr(partials.as_mut_ptr());
     // The integer products need q8 pages; other K/V take the bf16 path instead.
@@ -196,15 +202,61 @@ pub fn paged_attention_with(
         shape,
         group,
     };
-    plan.tasks
-        .par_iter()
-        .for_each_init(Scratch::default, |scratch, task| {
+    let layout = ScratchLayout::of(&ctx);
+    plan.tasks.par_iter().for_each(|task| {
+        SCRATCH.with(|scratch| {
+            let scratch = &mut *scratch.borrow_mut();
+            if scratch.layout != Some(layout) {
+                *scratch = Scratch {
+                    layout: Some(layout),
+                    ..Scratch::default()
+                };
+            }
             attend_task(&ctx, task, scratch, out_ptr, partials_ptr);
-        });
-    let partials = &partials;
-    plan.merges.par_iter().for_each(|multi| {
-        merge(&ctx, multi, partials, out_ptr);
+        })
     });
+    let merged = &partials;
+    plan.merges.par_iter().for_each(|multi| {
+        merge(&ctx, multi, merged, out_ptr);
+    });
+    PARTIALS.with(|p| *p.borrow_mut() = partials);
+}
+
+thread_local! {
+    /// Each thread's task scratch, kept from call to call (see [`ScratchLayout`]).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The calling thread's buffer of split-K segment states.
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What a [`Scratch`]'s contents were laid out for. A thread's tasks reuse one scratch, within
+/// a call as across calls with the same layout; a call with another layout (another model's
+/// head size or pages, another path) starts from an empty one, as the buffers' padding must
+/// then be zero again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ScratchLayout {
+    head_dim: usize,
+    page_size: usize,
+    /// `Context`'s path flags.
+    path: (Dispatch, bool, bool, bool, bool, bool, bool),
+}
+
+impl ScratchLayout {
+    fn of(ctx: &Context) -> Self {
+        ScratchLayout {
+            head_dim: ctx.shape.head_dim,
+            page_size: ctx.kv.shape().page_size,
+            path: (
+                ctx.path,
+                ctx.bf16,
+                ctx.amx,
+                ctx.bf16_pages,
+                ctx.in_place,
+                ctx.int8,
+                ctx.fp16,
+            ),
+        }
+    }
 }
 
 struct Context<'a> {
@@ -254,6 +306,8 @@ impl Context<'_> {
 /// Per-thread buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
+    /// What the buffers are laid out for (`None` when new).
+    layout: Option<ScratchLayout>,
     /// Scaled queries, `[lane][hdp]` (`hdp`: head_dim rounded up to 16, zero padded).
     q: Vec<f32>,
     /// A block of K, transposed: `[head_dim][bs]` (`bs`: block keys rounded up to 16).
@@ -317,7 +371,7 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     let max_pos = task_rows.iter().map(|r| r.position).max().unwrap();
     let key_end = task.keys.end.min(max_pos + 1);
 
-    // (Scratch lives for one call, so `hdp` is fixed and V's padding columns stay zero.) The
+    // (A scratch serves one layout, so `hdp` is fixed and V's padding columns stay zero.) The
     // bf16 path decodes K straight into pairs, and V too unless pairs of keys straddle pages;
     // the int8 path reads both from the pages.
     if !ctx.bf16 && !ctx.in_place && !ctx.int8 && s.kt.len() < hd * bs {
@@ -533,10 +587,10 @@ fn attend_block(
         if ctx.in_place || ctx.fp16 {
             let values = kv.head_rows(page, ctx.layer, KvKind::Value, task.kv_head);
             if let (true, HeadRows::F16(k)) = (ctx.fp16, keys) {
-                let out = s.kt2[j..].as_mut_ptr();
-                // SAFETY: the path was checked; `kt2` holds `head_dim / 2` rows of `bs >= nk`
-                // pairs.
-                unsafe { fp16::key_pairs(k, n, hd, s.kref.as_ptr(), out, bs) };
+                let out = s.kt2.as_mut_ptr().cast::<u16>().wrapping_add(j);
+                // SAFETY: the path was checked; `kt2` holds `head_dim / 2 * bs` pairs, so
+                // `head_dim` rows of `bs >= nk` 16-bit values.
+                unsafe { fp16::centred_keys(k, n, hd, s.kref.as_ptr(), out, bs) };
             }
             in_place_pages.push(keys, values);
             j += n;

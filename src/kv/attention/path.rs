@@ -51,12 +51,14 @@ impl AttentionPath {
     }
 
     /// The path for K/V stored as `dtype`, unless the cache is f32 (which asks for f32
-    /// precision) or the matmul kernels do not run AVX-512: AMX where the CPU has it; AVX-512
-    /// BF16 on AMD CPUs, whose `vdpbf16ps` does twice the multiply-adds of an f32 FMA (on
-    /// Intel's it does not, and the conversions make it slower than f32: measured on a Xeon
-    /// with AMX, a continuation's attention took 1.65× as long); for q8 K/V on AMD CPUs with
-    /// VNNI and VBMI, the integer products (one decode row over a long context ~25% faster
-    /// than bf16 on a Zen 5); f32 otherwise.
+    /// precision) or the matmul kernels do not run AVX-512: AMX where the CPU has it; for q8
+    /// K/V on CPUs with VNNI and VBMI, the integer products (one decode row over a long context
+    /// ~25% faster than bf16 on a Zen 5, ~2× f32 on a Xeon without AMX); for f16 K/V on CPUs
+    /// with AVX-512 FP16 (Intel since Sapphire Rapids, where AMX is not exposed), the fp16
+    /// products (a continuation's attention ~2× f32 there); AVX-512 BF16 on AMD CPUs, whose
+    /// `vdpbf16ps` does twice the multiply-adds of an f32 FMA (on Intel's it does not, and the
+    /// conversions make it slower than f32: measured on a Xeon with AMX, a continuation's
+    /// attention took 1.65× as long); f32 otherwise.
     /// `MTPX_ATTENTION=f32|bf16|amx|int8|fp16` (read once) overrides where the CPU can.
     pub fn for_kv(dtype: KvDtype) -> AttentionPath {
         let f32_path = AttentionPath::F32(Dispatch::active());
@@ -73,7 +75,8 @@ impl AttentionPath {
             Some(_) => f32_path,
             None if dtype == KvDtype::F32 => f32_path,
             None if amx_ok => AttentionPath::Amx,
-            None if dtype == KvDtype::Q8 && int8_ok && cpu_is_amd() => AttentionPath::Int8,
+            None if dtype == KvDtype::Q8 && int8_ok => AttentionPath::Int8,
+            None if dtype == KvDtype::F16 && fp16_ok => AttentionPath::F16,
             None if bf16_ok && cpu_is_amd() => AttentionPath::Bf16,
             None => f32_path,
         }
