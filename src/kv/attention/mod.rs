@@ -427,9 +427,10 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
         let lanes16 = lanes.next_multiple_of(16);
         s.qt.clear();
         s.qt.resize(hd * lanes16, 0.0);
-        for lane in 0..lanes {
-            for d in 0..hd {
-                s.qt[d * lanes16 + lane] = s.q[lane * hdp + d];
+        // Column by column: contiguous writes, and no bounds check per element.
+        for (d, column) in s.qt.chunks_exact_mut(lanes16).enumerate() {
+            for (x, q) in column.iter_mut().zip(s.q.chunks_exact(hdp)) {
+                *x = q[d];
             }
         }
         s.kref.resize(hdp, 0.0);
