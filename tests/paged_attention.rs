@@ -330,19 +330,24 @@ fn split_k_over_one_long_sequence_matches_the_reference() {
         assert!(err < 1.0, "{case:?}: {err}");
     }
     // Split and unsplit sequences in one batch, GQA 8:1, head_dim 128 (as Qwen2.5-Coder-1.5B's),
-    // and q8 on pages of 32 (the integer path's other page layout).
-    for (page_size, dtype) in [(16, KvDtype::F16), (32, KvDtype::Q8)] {
+    // and q8 on pages of 32 (the integer path's other page layout); head_dim 96, whose fp16
+    // weighted values end on a tile of 32 dimensions.
+    for (page_size, dtype, head_dim) in [
+        (16, KvDtype::F16, 128),
+        (32, KvDtype::Q8, 128),
+        (16, KvDtype::F16, 96),
+    ] {
         let case = Case {
             page_size,
             num_heads: 8,
             num_kv_heads: 1,
-            head_dim: 128,
+            head_dim,
             seqs: vec![(3_000, 1), (40, 2), (2_500, 20), (0, 5)],
             dtype,
             seed: 11,
         };
         let err = run_case(&case);
-        assert!(err < 1.0, "{dtype:?}: {err}");
+        assert!(err < 1.0, "{dtype:?}, head_dim {head_dim}: {err}");
     }
 }
 
