@@ -31,11 +31,7 @@ pub(super) unsafe fn bf16_block(
     hdp: usize,
     bs: usize,
 ) {
-    let lanes16 = lanes.next_multiple_of(16);
-    let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
-    bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
-    s.maxima.clear();
-    s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
+    start_block(s, lanes, hd);
     // Weights written per lane: AMX's weighted values take keys 32 at a time (those past a
     // lane's visible ones weigh exactly 0).
     let weights = if amx {
@@ -58,6 +54,19 @@ pub(super) unsafe fn bf16_block(
         chunk_values(s, amx, pages, l0..l1, keys, hdp, bs);
     }
     s.chunks = chunks;
+}
+
+/// What every block of the bf16 and fp16 paths starts with: each lane's f32 dot product with
+/// the block's first key (`offset`), and its 16 running maxima reset.
+///
+/// # Safety
+/// As [`bf16_block`].
+pub(super) unsafe fn start_block(s: &mut Scratch, lanes: usize, hd: usize) {
+    let lanes16 = lanes.next_multiple_of(16);
+    let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
+    bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
+    s.maxima.clear();
+    s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
 }
 
 /// The scores of lanes `lanes` against the block's first `keys` keys, and their maxima.

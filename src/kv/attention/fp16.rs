@@ -109,11 +109,7 @@ pub(super) unsafe fn block(
     hdp: usize,
     bs: usize,
 ) {
-    let lanes16 = lanes.next_multiple_of(16);
-    let (qt, kref) = (s.qt.as_ptr(), s.kref.as_ptr());
-    bf16::offsets(qt, lanes16, lanes, kref, hd, s.offset.as_mut_ptr());
-    s.maxima.clear();
-    s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
+    bf16_block::start_block(s, lanes, hd);
     let mut rows = [std::ptr::null::<u16>(); super::in_place::MAX_PAGES];
     for (row, page) in rows.iter_mut().zip(values) {
         *row = page.as_ptr().cast();
