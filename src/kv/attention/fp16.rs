@@ -20,6 +20,12 @@
 //!
 //! Every sum runs in a fixed order per lane, whichever lanes share a tile, so a row's output
 //! does not depend on the batch.
+//!
+//! Range: fp16 holds magnitudes up to 65504. The scores' sums are of scaled queries against
+//! centred keys, so they are the scaled attention logits less the f32 offset; real models keep
+//! those within a few hundred (a softmax saturates far below), and V's sums within a block are
+//! weighted averages of V's f16 values times at most the block's keys. A model whose scaled
+//! logits reached tens of thousands would overflow here: `MTPX_ATTENTION=f32` is the way out.
 
 use super::bf16::{live, Out, MAX_LANES};
 use super::bf16_block::{self, NextBlock};
