@@ -32,9 +32,12 @@ use super::bf16_block::{self, NextBlock};
 use super::{bf16, seeing_chunks, Scratch};
 use std::arch::x86_64::*;
 
-/// Whether this CPU runs the kernels (AVX-512 FP16, and the bf16 path's AVX-512 BF16 helpers).
+/// Whether this CPU runs the kernels (AVX-512 FP16 and VL, and the bf16 path's AVX-512 BF16
+/// helpers).
 pub fn is_supported() -> bool {
-    is_x86_feature_detected!("avx512fp16") && bf16::is_supported()
+    is_x86_feature_detected!("avx512fp16")
+        && is_x86_feature_detected!("avx512vl")
+        && bf16::is_supported()
 }
 
 /// Whether blocks of this layout can take the path (with f16 pages): whole vectors of 32
@@ -72,7 +75,7 @@ pub(super) unsafe fn to_f16(x: *const f32, n: usize, out: *mut u16) {
 /// # Safety
 /// The CPU must support the kernels; `rows` are f16, `r` holds `head_dim` floats and `out` has
 /// room for every index above.
-#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn centred_keys(
     rows: &[half::f16],
     num_slots: usize,
