@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 use super::act::{ActQ8, ActQ8K};
 use super::dispatch::Dispatch;
-use super::layout::{Format, GROUP};
+use super::layout::{q6k_qh, q6k_ql, Format, GROUP};
 use super::MAX_KERNEL_ROWS;
 
 /// Activation rows one pass over a group applies each unpacked block to. With 16 ymm registers
@@ -417,8 +417,8 @@ unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
     let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let scales_low = column_scales::<true>(p.add(32 + 16 * s));
     let scales_high = column_scales::<true>(p.add(32 + 16 * (s + 4)));
-    let ql = p.add(288 + 1024 * n + 512 * H + 256 * half);
-    let qh = p.add(2336 + 512 * n + 256 * half);
+    let ql = p.add(q6k_ql(n, H, 4 * half));
+    let qh = p.add(q6k_qh(n, 4 * half));
     for first in [0, 2] {
         let mut low = [ZERO_HALVES; R];
         let mut high = [ZERO_HALVES; R];
@@ -484,8 +484,8 @@ unsafe fn q6k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
         for n in 0..2 {
             // In address order: `ql[0]` with `qh`, then `ql[1]`.
             q6k_sub_blocks::<R, 0>(p, n, 0, &a, &mut sacc);
-            q6k_sub_blocks::<R, 0>(p, n, 1, &a, &mut sacc);
             q6k_sub_blocks::<R, 1>(p, n, 0, &a, &mut sacc);
+            q6k_sub_blocks::<R, 0>(p, n, 1, &a, &mut sacc);
             q6k_sub_blocks::<R, 1>(p, n, 1, &a, &mut sacc);
         }
         let mut scale_pairs = [ZERO_HALVES; 8];

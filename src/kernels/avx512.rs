@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use super::act::{ActQ8, ActQ8K};
 use super::dispatch::Dispatch;
-use super::layout::{Format, GROUP};
+use super::layout::{q6k_qh, q6k_ql, Format, GROUP};
 use super::MAX_KERNEL_ROWS;
 
 /// Checks what the `unsafe` kernels rely on: the CPU has the features and the slices hold
@@ -382,8 +382,8 @@ unsafe fn q6k_unpack<const R: usize, const H: usize>(
 ) -> [(__m512i, __m512i); 4] {
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
-    let ql = p.add(288 + 1024 * n + 512 * H + 256 * half);
-    let qh = p.add(2336 + 512 * n + 256 * half);
+    let ql = p.add(q6k_ql(n, H, 4 * half));
+    let qh = p.add(q6k_qh(n, 4 * half));
     let mut q = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
     for (t, q) in q.iter_mut().enumerate() {
         prefetch_ahead::<R>(ql.add(64 * t));
@@ -453,8 +453,8 @@ unsafe fn q6k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
         for n in 0..2 {
             // In address order: `ql[0]` with `qh`, then `ql[1]`.
             q6k_sub_blocks::<R, 0>(p, n, 0, &a, &mut sacc);
-            q6k_sub_blocks::<R, 0>(p, n, 1, &a, &mut sacc);
             q6k_sub_blocks::<R, 1>(p, n, 0, &a, &mut sacc);
+            q6k_sub_blocks::<R, 0>(p, n, 1, &a, &mut sacc);
             q6k_sub_blocks::<R, 1>(p, n, 1, &a, &mut sacc);
         }
         let d = f16x16(p);

@@ -24,7 +24,7 @@ use std::arch::asm;
 
 use super::act::{ActQ8, ActQ8K};
 use super::dispatch::Dispatch;
-use super::layout::{Format, GROUP};
+use super::layout::{q6k_qh, q6k_ql, Format, GROUP};
 use super::MAX_KERNEL_ROWS;
 
 /// Activation rows one kernel call applies each quad of weights to. Per row the integer kernels
@@ -487,8 +487,8 @@ unsafe fn q6k_impl<D: Dot, const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut 
                         let mut q = [vdupq_n_s8(0); 4];
                         for (k, q) in q.iter_mut().enumerate() {
                             let t = 4 * sub + k;
-                            let ql = load(p.add(288 + 1024 * n + 512 * (i % 2) + 64 * t + 16 * j));
-                            let qh = load(p.add(2336 + 512 * n + 64 * t + 16 * j));
+                            let ql = load(p.add(q6k_ql(n, i % 2, t) + 16 * j));
+                            let qh = load(p.add(q6k_qh(n, t) + 16 * j));
                             *q = q6_signed(ql, qh, i);
                         }
                         let s = 8 * n + 2 * i + sub;

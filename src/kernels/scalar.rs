@@ -8,7 +8,7 @@
 use half::f16;
 
 use super::act::{ActQ8, ActQ8K};
-use super::layout::{Format, GROUP};
+use super::layout::{q6k_qh, q6k_ql, Format, GROUP};
 
 /// The f16 at index `i` of a little-endian f16 array.
 #[inline(always)]
@@ -140,14 +140,12 @@ pub fn q6k(w: &[u8], acts: &[ActQ8K], out: &mut [f32]) {
             for (c, acc) in acc.iter_mut().enumerate() {
                 let mut sacc = 0i32;
                 for n in 0..2 {
-                    let qh = &wb[2336 + 512 * n..];
                     for i in 0..4 {
-                        let ql = &wb[288 + 1024 * n + 512 * (i % 2)..];
                         let mut sub = [0i32; 2];
                         for k in 0..32 {
                             let (t, bb) = (k / 4, k % 4);
-                            let lo = (byte(ql, t, c, bb) >> (4 * (i / 2))) & 0x0F;
-                            let hi = (byte(qh, t, c, bb) >> (2 * i)) & 3;
+                            let lo = (wb[q6k_ql(n, i % 2, t) + 4 * c + bb] >> (4 * (i / 2))) & 0x0F;
+                            let hi = (wb[q6k_qh(n, t) + 4 * c + bb] >> (2 * i)) & 3;
                             let q = (lo | (hi << 4)) as i32 - 32;
                             sub[k / 16] += q * a.qs[128 * n + 32 * i + k] as i32;
                         }
