@@ -114,6 +114,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "kv_dtype": format!("{dtype:?}").to_lowercase(),
         "kernels": format!("{:?}", crate::kernels::Dispatch::active()).to_lowercase(),
         "attention": crate::kv::AttentionPath::for_kv(dtype).name(),
+        "one_row_prefetch": prefetch_report(crate::kernels::choose_one_row_prefetch()),
     });
 
     let mut next;
@@ -216,6 +217,10 @@ fn print_table(r: &serde_json::Value) {
         r["attention"].as_str().unwrap_or("?"),
         r["kv_dtype"].as_str().unwrap_or("?")
     );
+    println!(
+        "one-row weight prefetch    {}",
+        r["one_row_prefetch"].as_str().unwrap_or("?")
+    );
     if has("prefill_tokens") {
         println!(
             "prefill ({} tok)          {} tok/s",
@@ -263,4 +268,17 @@ fn print_table(r: &serde_json::Value) {
         );
     }
     println!("peak RSS                   {} MiB", f("peak_rss_mib"));
+}
+
+/// How `mtpx bench` reports the one-row prefetch decision.
+fn prefetch_report(choice: crate::kernels::PrefetchChoice) -> String {
+    let state = if choice.one_row { "on" } else { "off" };
+    if choice.with_hints.is_zero() {
+        return format!("{state} (MTPX_PREFETCH)");
+    }
+    format!(
+        "{state} (64 MB one-row matmul: {} µs with, {} µs without)",
+        choice.with_hints.as_micros(),
+        choice.without_hints.as_micros()
+    )
 }

@@ -24,6 +24,7 @@ use std::arch::x86_64::*;
 use super::act::{ActQ8, ActQ8K};
 use super::dispatch::Dispatch;
 use super::layout::{q6k_qh, q6k_ql, Format, GROUP};
+use super::prefetch::one_row_prefetch;
 use super::MAX_KERNEL_ROWS;
 
 /// Activation rows one pass over a group applies each unpacked block to. With 16 ymm registers
@@ -66,6 +67,9 @@ type Halves<T> = [T; 2];
 /// rows ahead; past the matrix's end the hints touch nothing (prefetches do not fault).
 #[inline(always)]
 unsafe fn prefetch_block<const R: usize>(p: *const u8, len: usize) {
+    if R == 1 && !one_row_prefetch() {
+        return;
+    }
     let ahead = if R == 1 {
         PREFETCH_DISTANCE
     } else {

@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 use super::act::{ActQ8, ActQ8K};
 use super::dispatch::Dispatch;
 use super::layout::{q6k_qh, q6k_ql, Format, GROUP};
+use super::prefetch::one_row_prefetch;
 use super::MAX_KERNEL_ROWS;
 
 /// Checks what the `unsafe` kernels rely on: the CPU has the features and the slices hold
@@ -139,6 +140,9 @@ const fn prefetch_distance(rows: usize) -> usize {
 /// is a hint that touches nothing: prefetches do not fault).
 #[inline(always)]
 unsafe fn prefetch_ahead<const R: usize>(p: *const u8) {
+    if R == 1 && !one_row_prefetch() {
+        return;
+    }
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(prefetch_distance(R)).cast());
 }
 

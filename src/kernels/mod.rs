@@ -60,6 +60,7 @@ mod layout;
 pub mod math;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod prefetch;
 mod scalar;
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -69,6 +70,9 @@ pub use act::{quantize_block, ActQ8, ActQ8K};
 pub use buffer::{AlignedBuf, Zeroable};
 pub use dispatch::{cpu_is_amd, Dispatch};
 pub use layout::{Format, GROUP};
+pub use prefetch::{
+    choose_one_row_prefetch, one_row_prefetch, set_one_row_prefetch, PrefetchChoice,
+};
 
 /// Why a matrix could not be packed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -129,6 +129,7 @@ impl Transformer {
         format: WeightFormat,
     ) -> Result<Self> {
         let config = ModelConfig::from_gguf(content)?;
+        crate::kernels::choose_one_row_prefetch();
         let mut w = GgufWeights::new(content, file, path, format);
         let embedding = Arc::new(w.qtensor("token_embd.weight")?);
         let blocks = (0..config.num_layers)
