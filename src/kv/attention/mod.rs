@@ -48,6 +48,7 @@ mod int8;
 mod micro;
 mod path;
 mod plan;
+mod scratch;
 
 use super::pool::PageId;
 #[cfg(target_arch = "x86_64")]
@@ -60,7 +61,7 @@ use crate::kernels::Dispatch;
 pub use path::AttentionPath;
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use rayon::prelude::*;
-use std::cell::RefCell;
+use scratch::{Scratch, ScratchLayout, PARTIALS, SCRATCH};
 
 /// Where one query row attends from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,43 +223,6 @@ pub fn paged_attention_with(
     PARTIALS.with(|p| *p.borrow_mut() = partials);
 }
 
-thread_local! {
-    /// Each thread's task scratch, kept from call to call (see [`ScratchLayout`]).
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-    /// The calling thread's buffer of split-K segment states.
-    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// What a [`Scratch`]'s contents were laid out for. A thread's tasks reuse one scratch, within
-/// a call as across calls with the same layout; a call with another layout (another model's
-/// head size or pages, another path) starts from an empty one, as the buffers' padding must
-/// then be zero again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ScratchLayout {
-    head_dim: usize,
-    page_size: usize,
-    /// `Context`'s path flags.
-    path: (Dispatch, bool, bool, bool, bool, bool, bool),
-}
-
-impl ScratchLayout {
-    fn of(ctx: &Context) -> Self {
-        ScratchLayout {
-            head_dim: ctx.shape.head_dim,
-            page_size: ctx.kv.shape().page_size,
-            path: (
-                ctx.path,
-                ctx.bf16,
-                ctx.amx,
-                ctx.bf16_pages,
-                ctx.in_place,
-                ctx.int8,
-                ctx.fp16,
-            ),
-        }
-    }
-}
-
 struct Context<'a> {
     /// The f32 kernels' path (decoding, scores, and the rest unless `bf16`).
     path: Dispatch,
@@ -301,60 +265,6 @@ impl Context<'_> {
             && !self.fp16
             && (!self.bf16 || !self.kv.shape().page_size.is_multiple_of(2))
     }
-}
-
-/// Per-thread buffers, reused across tasks.
-#[derive(Default)]
-struct Scratch {
-    /// What the buffers are laid out for (`None` when new).
-    layout: Option<ScratchLayout>,
-    /// Scaled queries, `[lane][hdp]` (`hdp`: head_dim rounded up to 16, zero padded).
-    q: Vec<f32>,
-    /// A block of K, transposed: `[head_dim][bs]` (`bs`: block keys rounded up to 16).
-    kt: Vec<f32>,
-    /// A block of V: `[key][hdp]`, zero padded.
-    v: Vec<f32>,
-    /// Scores, then softmax weights: `[lane][bs]`.
-    s: Vec<f32>,
-    /// Unnormalised outputs: `[lane][hdp]`.
-    o: Vec<f32>,
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    /// Keys of the current block each lane sees.
-    visible: Vec<usize>,
-    /// The bf16 path's operands: V pairs `[keys / 2][hdp]`, softmax weights `[lane][bs]`,
-    /// centred K pairs `[head_dim / 2][bs]`, the scaled queries in bf16 `[lane][hdp]` and in
-    /// f32 transposed `[head_dim][lanes16]` (`lanes16`: lanes rounded up to 16), the block's
-    /// first key `[hdp]`, each lane's dot product with it `[lanes16]`, each lane's running sum
-    /// as 16 partial sums `[lane][16]` and its block's 16 partial maxima `[lane][16]`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    v2: Vec<u32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    p16: Vec<u16>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    kt2: Vec<u32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    q16: Vec<u16>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    kref: Vec<f32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    qt: Vec<f32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    offset: Vec<f32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    sums: Vec<f32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    maxima: Vec<f32>,
-    /// The bf16 path's lane chunks of the current block, `(l0, l1, keys)` as [`seeing_chunks`]
-    /// (collected, as the steps on each chunk borrow the scratch).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    chunks: Vec<(usize, usize, usize)>,
-    /// The running fold of the task's segments: max, sum, `[lane][hdp]` output.
-    fold_max: Vec<f32>,
-    fold_sum: Vec<f32>,
-    fold_o: Vec<f32>,
-    #[cfg(target_arch = "x86_64")]
-    int8: int8::Int8Scratch,
 }
 
 fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, partials: SharedPtr) {
