@@ -94,6 +94,26 @@ async fn sixty_four_sessions_with_cancellations_and_disconnects_leak_no_pages() 
     assert!(t.engine.sessions().await.is_empty());
 }
 
+#[actix_rt::test]
+async fn dropping_a_stream_during_its_prefill_cancels_it_within_a_step() {
+    // 4,096 prompt tokens: eight prefill chunks of 512, each its own step.
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let stream = t
+        .engine
+        .submit(greedy_tokens(token_ids(7, 4096), 64))
+        .await
+        .unwrap();
+    drop(stream);
+    wait_until_idle(&t.engine).await;
+    let stats = t.engine.scheduler_stats().await;
+    assert!(
+        stats.prompt_tokens_computed <= 2 * 512 && stats.tokens_generated == 0,
+        "the prefill went on for nobody: {stats:?}"
+    );
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0);
+}
+
 async fn wait_until_idle(engine: &mtpx::engine::Engine) {
     for _ in 0..2000 {
         let s = engine.scheduler_stats().await;

@@ -9,8 +9,9 @@
 
 use super::auth::Authorized;
 use super::chat_prompt;
+use super::disconnect::Peer;
 use super::errors::{from_value, read_json_object, ApiError};
-use super::generate::{self, collect, finish_reason, submit_all, Collected};
+use super::generate::{self, collect_all, finish_reason, submit_all, Collected};
 use super::metrics::TokenClock;
 use super::sse;
 use super::tool_calls::{Piece, ToolCallParser};
@@ -98,13 +99,13 @@ pub async fn chat_completions(
     };
     if params.stream.unwrap_or(false) {
         let frames = ChatStream::new(ctx, state.clone(), streams.len()).frames(streams);
-        return Ok(sse::response(frames, state.config.keep_alive));
+        return Ok(sse::response(
+            frames,
+            state.config.keep_alive,
+            Peer::of(&req),
+        ));
     }
-    let collected =
-        futures::future::join_all(streams.into_iter().map(|s| collect(s, &state.metrics)))
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
+    let collected = collect_all(streams, &state.metrics, Peer::of(&req)).await?;
     Ok(HttpResponse::Ok().json(response(&ctx, &state, collected)))
 }
 

@@ -3,8 +3,9 @@
 //! several prompts in one request are refused too (send one request per prompt).
 
 use super::auth::Authorized;
+use super::disconnect::Peer;
 use super::errors::{from_value, read_json_object, ApiError};
-use super::generate::{self, collect, finish_reason, submit_all, Collected};
+use super::generate::{self, collect_all, finish_reason, submit_all, Collected};
 use super::metrics::TokenClock;
 use super::sse;
 use super::types::*;
@@ -77,13 +78,13 @@ pub async fn completions(
             .as_ref()
             .is_some_and(|o| o.include_usage);
         let frames = text_frames(state.clone(), id, created, streams, include_usage);
-        return Ok(sse::response(frames, state.config.keep_alive));
+        return Ok(sse::response(
+            frames,
+            state.config.keep_alive,
+            Peer::of(&req),
+        ));
     }
-    let collected =
-        futures::future::join_all(streams.into_iter().map(|s| collect(s, &state.metrics)))
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
+    let collected = collect_all(streams, &state.metrics, Peer::of(&req)).await?;
     Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs)))
 }
 

@@ -123,6 +123,17 @@ impl ApiError {
         e
     }
 
+    /// The client closed the connection before the answer was ready (nginx's 499); nobody reads
+    /// it, but the request ends as every other does, through an error.
+    pub fn client_closed() -> Self {
+        let status = StatusCode::from_u16(499).expect("499 is a valid status code");
+        Self::new(
+            status,
+            "client_closed_request",
+            "The client closed the connection before the response was ready.",
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
             .with_code("internal_error")

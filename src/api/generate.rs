@@ -2,6 +2,7 @@
 //! before anything is submitted), submitting `n` of them, collecting a finished choice, and
 //! usage/timings in OpenAI and llama.cpp shapes.
 
+use super::disconnect::Peer;
 use super::errors::ApiError;
 use super::metrics::{Metrics, TokenClock};
 use super::types::{
@@ -231,6 +232,20 @@ pub struct Collected {
 }
 
 /// Drains a choice's events; an engine error mid-run becomes the error response.
+/// Every stream collected (a non-streaming request's choices), unless the client hangs up first:
+/// then the streams are dropped, which cancels their sequences at the scheduler's next step.
+pub async fn collect_all(
+    streams: Vec<EventStream>,
+    metrics: &Metrics,
+    peer: Peer,
+) -> Result<Vec<Collected>, ApiError> {
+    let all = futures::future::join_all(streams.into_iter().map(|s| collect(s, metrics)));
+    tokio::select! {
+        collected = all => collected.into_iter().collect(),
+        () = peer.hung_up() => Err(ApiError::client_closed()),
+    }
+}
+
 pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Collected, ApiError> {
     let mut out = Collected::default();
     let mut clock = TokenClock::start();

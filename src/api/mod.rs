@@ -33,6 +33,7 @@ pub mod chat;
 pub mod chat_prompt;
 pub mod completions;
 pub mod cors;
+pub mod disconnect;
 pub mod errors;
 pub mod generate;
 pub mod health;
@@ -253,6 +254,7 @@ pub fn http_server(
     let mut server = actix_web::HttpServer::new(move || {
         actix_web::App::new().configure(app_routes(state.clone()))
     })
+    .on_connect(disconnect::on_connect)
     .workers(workers.max(1))
     .shutdown_timeout(10)
     .bind(addr)?;

@@ -2,6 +2,7 @@
 //! comment whenever nothing was sent for a while (a long prefill must not look like a dead
 //! connection to clients and proxies).
 
+use super::disconnect::Peer;
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::HttpResponse;
@@ -45,11 +46,13 @@ where
     })
 }
 
-/// A `text/event-stream` response over `frames`.
-pub fn response<S>(frames: S, keep_alive: Duration) -> HttpResponse
+/// A `text/event-stream` response over `frames`, which ends (dropping `frames`, and with them the
+/// engine streams they read) as soon as the client hangs up, even with no frame on its way.
+pub fn response<S>(frames: S, keep_alive: Duration, peer: Peer) -> HttpResponse
 where
     S: Stream<Item = Bytes> + Unpin + 'static,
 {
+    let frames = frames.take_until(Box::pin(peer.hung_up()));
     HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-cache"))

@@ -1,6 +1,7 @@
 //! Turns a sequence's committed token ids into text deltas (through the tokenizer actor) and
 //! applies stop strings. A stop string ends the request the same way a disconnect does: this
-//! task drops the scheduler's channel, and the scheduler frees the pages at its next step.
+//! task drops the scheduler's channel, and the scheduler frees the pages at its next step. A
+//! client that drops its stream is noticed at once, whether or not a token is on its way.
 
 use super::request::EngineEvent;
 use crate::scheduler::{FinishReason, SeqEvent, Usage};
@@ -25,7 +26,14 @@ impl StreamTask {
         let mut held = String::new();
         let mut num_generated = 0usize;
         let mut first_token_at = None;
-        while let Some(event) = self.from_scheduler.recv().await {
+        loop {
+            // A client that drops its stream while nothing is sent (in the queue, during the
+            // prefill) cancels as surely as one that drops it between tokens.
+            let event = tokio::select! {
+                event = self.from_scheduler.recv() => event,
+                () = self.to_client.closed() => break,
+            };
+            let Some(event) = event else { break };
             match event {
                 SeqEvent::Token {
                     token_id,

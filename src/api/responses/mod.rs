@@ -15,6 +15,7 @@ pub mod store;
 pub mod types;
 
 use super::auth::Authorized;
+use super::disconnect::Peer;
 use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, Plan};
 use super::metrics::TokenClock;
@@ -300,21 +301,25 @@ pub async fn create_response(
     let streamed = value.get("stream").and_then(Value::as_bool) == Some(true);
     let engine = state.engine()?;
     let events = submit(engine, &mut job).await?;
+    let peer = Peer::of(&req);
     if streamed {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // The body ends when the client hangs up (`sse::response`), dropping `rx`: the run is
+        // cancelled then, whether or not an event is on its way.
+        let body_gone = tx.clone();
         actix_rt::spawn(run(
             job,
             events,
             state.clone(),
-            std::future::pending(),
+            async move { body_gone.closed().await },
             move |e| tx.send(sse_event(&e)).is_ok(),
         ));
         let frames = Box::pin(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|b| (b, rx))
         }));
-        return Ok(sse::response(frames, state.config.keep_alive));
+        return Ok(sse::response(frames, state.config.keep_alive, peer));
     }
-    let response = run(job, events, state.clone(), std::future::pending(), |_| true)
+    let response = run(job, events, state.clone(), peer.hung_up(), |_| true)
         .await
         .ok_or_else(|| ApiError::internal("the response was not produced"))?;
     if let Some(error) = response
