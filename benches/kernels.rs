@@ -6,7 +6,8 @@
 //! reads directly against the measured bandwidth. mtpx cycles through copies of each matrix
 //! totalling 128 MB, so its weights come from DRAM as in a real forward pass; candle gets one
 //! copy (it is compute-bound, so this flatters it slightly). Groups are named `<format>/<out>x<in>`,
-//! functions `mtpx/<rows>` and `candle/<rows>`.
+//! functions `mtpx/<rows>` and `candle/<rows>`; matrices of up to 8 MB also run one copy from cache
+//! (`mtpx-cached/<rows>`, 1 and 9 rows), which shows how much of a call waits on DRAM.
 //!
 //! `MTPX_BENCH_FILTER=q4k,bandwidth` (substrings of group names) limits which are built.
 
@@ -23,6 +24,9 @@ const ROWS: [usize; 3] = [1, 9, 512];
 
 /// Weight bytes cycled through per matrix (4× a 32 MB L3), so timings include DRAM reads.
 const STREAM_BYTES: usize = 128 << 20;
+
+/// Matrices up to this size also run from cache (`mtpx-cached/<rows>`): well inside a 32 MB L3.
+const CACHED_BYTES: usize = 8 << 20;
 
 /// Qwen2.5-Coder-0.5B: hidden 896, MLP 4864, KV 128, vocab 151936. K-quants need in % 256 == 0,
 /// so for them the 0.5B file has only the down projection; the 1.5B (1536/8960/256) fills in.
@@ -96,6 +100,13 @@ fn bench_matrix(c: &mut Criterion, dtype: GgmlDType, out_dim: usize, in_dim: usi
                 copies[next].matmul(black_box(&x), &mut out, &mut scratch)
             })
         });
+        // The same call on one copy, which stays in the L3 (or L2) from call to call: against
+        // `mtpx`, how much of a call is waiting on DRAM rather than computing.
+        if num_rows < 512 && ours.packed_bytes() <= CACHED_BYTES {
+            group.bench_function(BenchmarkId::new("mtpx-cached", num_rows), |b| {
+                b.iter(|| copies[0].matmul(black_box(&x), &mut out, &mut scratch))
+            });
+        }
         let xt = Tensor::from_vec(x.clone(), (num_rows, in_dim), &Device::Cpu).unwrap();
         group.bench_function(BenchmarkId::new("candle", num_rows), |b| {
             b.iter(|| candle.forward(black_box(&xt)).unwrap())
