@@ -93,7 +93,9 @@ async fn hanging_up_on_a_non_streaming_request_cancels_it() {
         if running.num_running != 1 {
             let mut conn = conn;
             let mut reply = vec![0u8; 4096];
-            let n = tokio::io::AsyncReadExt::read(&mut conn, &mut reply).await.unwrap();
+            let n = tokio::io::AsyncReadExt::read(&mut conn, &mut reply)
+                .await
+                .unwrap();
             panic!(
                 "{path}: never started: {running:?}: {}",
                 String::from_utf8_lossy(&reply[..n])

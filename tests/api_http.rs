@@ -279,6 +279,25 @@ async fn text_completions_take_strings_and_token_ids() {
     let lp = &out["choices"][0]["logprobs"];
     assert_eq!(lp["tokens"].as_array().unwrap().len(), 10);
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    // Streamed, the chunks' logprobs join up to the same lists.
+    let mut by_ids_streamed = by_ids.clone();
+    by_ids_streamed["stream"] = json!(true);
+    let events = post(&url, &by_ids_streamed).await.events();
+    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [],
+        "text_offset": []});
+    for e in events.iter().filter_map(|e| e["choices"].get(0)) {
+        let Some(chunk) = e["logprobs"].as_object() else {
+            continue;
+        };
+        for (field, values) in chunk {
+            let all = joined[field.as_str()].as_array_mut().unwrap();
+            all.extend(values.as_array().unwrap().iter().cloned());
+        }
+    }
+    assert_eq!(
+        &joined, lp,
+        "streamed logprobs differ from the non-streamed ones"
+    );
     for (field, value) in [("echo", json!(true)), ("suffix", json!("}"))] {
         let mut bad = base.clone();
         bad[field] = value;

@@ -77,7 +77,7 @@ pub async fn completions(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        let frames = text_frames(state.clone(), id, created, streams, include_usage);
+        let frames = text_frames(state.clone(), id, created, streams, include_usage, logprobs);
         return Ok(sse::response(
             frames,
             state.config.keep_alive,
@@ -125,7 +125,8 @@ fn response(
         .enumerate()
         .map(|(index, c)| CompletionChoice {
             index,
-            logprobs: logprobs.then(|| text_logprobs(state, &c, 0)),
+            logprobs: logprobs
+                .then(|| text_logprobs(state, (&c.token_ids, &c.logprobs, &c.top_logprobs), 0).0),
             finish_reason: c.finish.map(|r| finish_reason(r, false)),
             text: c.text,
         })
@@ -141,8 +142,16 @@ fn response(
     }
 }
 
-/// The legacy logprobs shape; `offset` is where these tokens' text starts in the output.
-fn text_logprobs(state: &AppState, c: &Collected, offset: usize) -> CompletionLogprobs {
+/// A run of tokens: their ids, logprobs and top alternatives.
+type TokenRun<'a> = (&'a [u32], &'a [Option<f32>], &'a [Vec<(u32, f32)>]);
+
+/// The legacy logprobs shape of `tokens`, whose text starts at `offset` in the output; also
+/// where the next token's text starts.
+fn text_logprobs(
+    state: &AppState,
+    (token_ids, logprobs, top_logprobs): TokenRun,
+    offset: usize,
+) -> (CompletionLogprobs, usize) {
     let text = |id: u32| {
         state
             .detokenizer()
@@ -152,15 +161,13 @@ fn text_logprobs(state: &AppState, c: &Collected, offset: usize) -> CompletionLo
     };
     let mut out = CompletionLogprobs::default();
     let mut at = offset;
-    for (i, &id) in c.token_ids.iter().enumerate() {
+    for (i, &id) in token_ids.iter().enumerate() {
         let token = text(id);
         out.text_offset.push(at);
         at += token.len();
         out.tokens.push(token);
-        out.token_logprobs
-            .push(c.logprobs.get(i).copied().flatten());
-        let top: BTreeMap<String, f32> = c
-            .top_logprobs
+        out.token_logprobs.push(logprobs.get(i).copied().flatten());
+        let top: BTreeMap<String, f32> = top_logprobs
             .get(i)
             .into_iter()
             .flatten()
@@ -168,7 +175,7 @@ fn text_logprobs(state: &AppState, c: &Collected, offset: usize) -> CompletionLo
             .collect();
         out.top_logprobs.push(top);
     }
-    out
+    (out, at)
 }
 
 /// SSE frames of a streamed text completion.
@@ -178,6 +185,7 @@ fn text_frames(
     created: u64,
     streams: Vec<crate::engine::EventStream>,
     include_usage: bool,
+    logprobs: bool,
 ) -> futures::stream::LocalBoxStream<'static, Bytes> {
     let num_choices = streams.len();
     let model = state.config.model_id.clone();
@@ -195,17 +203,19 @@ fn text_frames(
         };
     let clocks: Vec<TokenClock> = (0..num_choices).map(|_| TokenClock::start()).collect();
     let usages: Vec<Option<EngineUsage>> = vec![None; num_choices];
+    // Where each choice's next token text starts (the logprobs' `text_offset`).
+    let offsets = vec![0usize; num_choices];
     let events = generate::merge(streams);
-    let init = (events, VecDeque::new(), clocks, usages, false);
+    let init = (events, VecDeque::new(), clocks, usages, offsets, false);
     futures::stream::unfold(
         init,
-        move |(mut events, mut queue, mut clocks, mut usages, mut ended)| {
+        move |(mut events, mut queue, mut clocks, mut usages, mut offsets, mut ended)| {
             let state = state.clone();
             let frame = frame.clone();
             async move {
                 loop {
                     if let Some(f) = queue.pop_front() {
-                        return Some((f, (events, queue, clocks, usages, ended)));
+                        return Some((f, (events, queue, clocks, usages, offsets, ended)));
                     }
                     if ended {
                         return None;
@@ -240,11 +250,21 @@ fn text_frames(
                     match event {
                         EngineEvent::Started { .. } => {}
                         EngineEvent::Delta {
-                            text, token_ids, ..
+                            text,
+                            token_ids,
+                            logprobs: token_logprobs,
+                            top_logprobs,
+                            ..
                         } => {
                             clocks[index].tokens(&state.metrics, token_ids.len());
-                            if !text.is_empty() {
-                                queue.push_back(frame(vec![choice(text, None)], None, None));
+                            let mut c = choice(text, None);
+                            if logprobs && !token_ids.is_empty() {
+                                let run = (&token_ids[..], &token_logprobs[..], &top_logprobs[..]);
+                                let (lp, next) = text_logprobs(&state, run, offsets[index]);
+                                (c.logprobs, offsets[index]) = (Some(lp), next);
+                            }
+                            if !c.text.is_empty() || c.logprobs.is_some() {
+                                queue.push_back(frame(vec![c], None, None));
                             }
                         }
                         EngineEvent::Finished { reason, usage } => {

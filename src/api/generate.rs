@@ -231,7 +231,6 @@ pub struct Collected {
     pub usage: EngineUsage,
 }
 
-/// Drains a choice's events; an engine error mid-run becomes the error response.
 /// Every stream collected (a non-streaming request's choices), unless the client hangs up first:
 /// then the streams are dropped, which cancels their sequences at the scheduler's next step.
 pub async fn collect_all(
@@ -246,6 +245,7 @@ pub async fn collect_all(
     }
 }
 
+/// Drains a choice's events; an engine error mid-run becomes the error response.
 pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Collected, ApiError> {
     let mut out = Collected::default();
     let mut clock = TokenClock::start();
