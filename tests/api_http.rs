@@ -122,6 +122,44 @@ async fn health_models_openapi_and_metrics_answer() {
     let unknown = get(&s.at("/v2/nothing")).await;
     assert_eq!(unknown.status, 404);
     assert_eq!(unknown.error()["code"], "not_found");
+    // A known path with another method: 405 naming what it takes, not a 404.
+    for (method, path, allow) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("DELETE", "/v1/models", "GET"),
+        ("POST", "/v1/models/x", "GET"),
+        ("PATCH", "/v1/responses/resp_1", "GET, DELETE"),
+        ("DELETE", "/health", "GET, HEAD"),
+    ] {
+        let m = awc::http::Method::from_bytes(method.as_bytes()).unwrap();
+        let reply = send(client().request(m, s.at(path)), None).await;
+        assert_eq!(reply.status, 405, "{method} {path}: {}", reply.text());
+        assert_eq!(
+            reply.error()["code"],
+            "method_not_allowed",
+            "{method} {path}"
+        );
+        assert_eq!(
+            reply.header("allow").as_deref(),
+            Some(allow),
+            "{method} {path}"
+        );
+    }
+    let head = send(client().head(s.at("/health")), None).await;
+    assert_eq!(head.status, 200);
+    let preflight = send(
+        client().request(awc::http::Method::OPTIONS, s.at("/v1/completions")),
+        None,
+    )
+    .await;
+    assert_eq!(preflight.status, 204);
+    // The WebSocket route, asked without an upgrade, answers in JSON like every other route.
+    let plain = get(&s.at("/v1/responses")).await;
+    assert_eq!(plain.status, 400);
+    assert!(plain.error()["message"]
+        .as_str()
+        .unwrap()
+        .contains("WebSocket"));
     s.stop().await;
 }
 

@@ -211,33 +211,87 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                             Ok(res)
                         }
                     })
-                    .route("/", web::get().to(playground::index))
-                    .route("/app.js", web::get().to(playground::app_js))
-                    .route("/style.css", web::get().to(playground::style_css))
-                    .route("/health", web::get().to(health::health))
-                    .route("/metrics", web::get().to(metrics::metrics))
-                    .route("/openapi.json", web::get().to(openapi::openapi_json))
-                    .route("/v1/models", web::get().to(models::list_models))
-                    .route("/v1/models/{id:.*}", web::get().to(models::get_model))
-                    .route(
+                    .service(endpoint("/", "GET", [web::get().to(playground::index)]))
+                    .service(endpoint(
+                        "/app.js",
+                        "GET",
+                        [web::get().to(playground::app_js)],
+                    ))
+                    .service(endpoint(
+                        "/style.css",
+                        "GET",
+                        [web::get().to(playground::style_css)],
+                    ))
+                    .service(endpoint(
+                        "/health",
+                        "GET, HEAD",
+                        [
+                            web::get().to(health::health),
+                            web::head().to(health::health),
+                        ],
+                    ))
+                    .service(endpoint(
+                        "/metrics",
+                        "GET",
+                        [web::get().to(metrics::metrics)],
+                    ))
+                    .service(endpoint(
+                        "/openapi.json",
+                        "GET",
+                        [web::get().to(openapi::openapi_json)],
+                    ))
+                    .service(endpoint(
+                        "/v1/models",
+                        "GET",
+                        [web::get().to(models::list_models)],
+                    ))
+                    .service(endpoint(
+                        "/v1/models/{id:.*}",
+                        "GET",
+                        [web::get().to(models::get_model)],
+                    ))
+                    .service(endpoint(
                         "/v1/chat/completions",
-                        web::post().to(chat::chat_completions),
-                    )
-                    .route(
+                        "POST",
+                        [web::post().to(chat::chat_completions)],
+                    ))
+                    .service(endpoint(
                         "/v1/chat/completions/count",
-                        web::post().to(tokens::count_chat),
-                    )
-                    .route("/v1/completions", web::post().to(completions::completions))
-                    .route("/v1/responses", web::post().to(responses::create_response))
-                    .route("/v1/responses", web::get().to(ws::responses_socket))
-                    .route("/v1/responses/{id}", web::get().to(responses::get_response))
-                    .route(
+                        "POST",
+                        [web::post().to(tokens::count_chat)],
+                    ))
+                    .service(endpoint(
+                        "/v1/completions",
+                        "POST",
+                        [web::post().to(completions::completions)],
+                    ))
+                    .service(endpoint(
+                        "/v1/responses",
+                        "GET, POST",
+                        [
+                            web::post().to(responses::create_response),
+                            web::get().to(ws::responses_socket),
+                        ],
+                    ))
+                    .service(endpoint(
                         "/v1/responses/{id}",
-                        web::delete().to(responses::delete_response),
-                    )
-                    .route("/v1/stats", web::get().to(stats::stats))
-                    .route("/tokenize", web::post().to(tokens::tokenize))
-                    .route("/detokenize", web::post().to(tokens::detokenize))
+                        "GET, DELETE",
+                        [
+                            web::get().to(responses::get_response),
+                            web::delete().to(responses::delete_response),
+                        ],
+                    ))
+                    .service(endpoint("/v1/stats", "GET", [web::get().to(stats::stats)]))
+                    .service(endpoint(
+                        "/tokenize",
+                        "POST",
+                        [web::post().to(tokens::tokenize)],
+                    ))
+                    .service(endpoint(
+                        "/detokenize",
+                        "POST",
+                        [web::post().to(tokens::detokenize)],
+                    ))
                     .default_service(web::to(not_found)),
             );
     }
@@ -267,6 +321,49 @@ pub fn http_server(
         .copied()
         .ok_or_else(|| std::io::Error::other("the server bound no address"))?;
     Ok((server.run(), bound))
+}
+
+/// A path and the routes (methods) it answers; another method gets a 405 naming them in
+/// `Allow` (left to itself actix-web would pass it to the scope's 404), and `OPTIONS` (a CORS
+/// preflight, answered by the CORS headers) a 204.
+fn endpoint<const N: usize>(
+    path: &str,
+    allow: &'static str,
+    routes: [actix_web::Route; N],
+) -> actix_web::Resource {
+    let mut resource = web::resource(path).app_data(Allow(allow));
+    for route in routes {
+        resource = resource.route(route);
+    }
+    resource.default_service(web::to(method_not_allowed))
+}
+
+/// The methods an [`endpoint`] answers, as its `Allow` header lists them.
+#[derive(Clone, Copy)]
+struct Allow(&'static str);
+
+async fn method_not_allowed(req: actix_web::HttpRequest) -> HttpResponse {
+    use actix_web::ResponseError;
+    if req.method() == actix_web::http::Method::OPTIONS {
+        return HttpResponse::NoContent().finish();
+    }
+    let allow = req.app_data::<Allow>().map_or("GET", |a| a.0);
+    let mut res = ApiError::new(
+        actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!(
+            "{} is not allowed on {}; use {allow}",
+            req.method(),
+            req.path()
+        ),
+    )
+    .with_code("method_not_allowed")
+    .error_response();
+    if let Ok(value) = actix_web::http::header::HeaderValue::from_str(allow) {
+        res.headers_mut()
+            .insert(actix_web::http::header::ALLOW, value);
+    }
+    res
 }
 
 async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {

@@ -49,6 +49,19 @@ pub async fn responses_socket(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
     check_origin(&req, &state.config.cors_origins)?;
+    let upgrade = req
+        .headers()
+        .get(actix_web::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok());
+    if !upgrade.is_some_and(|u| u.eq_ignore_ascii_case("websocket")) {
+        // actix-ws would answer with a bare-text 400.
+        return Err(ApiError::invalid(
+            None,
+            "GET /v1/responses is the Responses API's WebSocket mode: connect with a WebSocket \
+             (Upgrade: websocket), or POST to /v1/responses",
+        )
+        .into());
+    }
     let (response, session, messages) = actix_ws::handle(&req, body)?;
     let max = state.config.max_ws_frame;
     let messages = messages
