@@ -125,6 +125,7 @@ async fn context_length_exceeded_is_refused_before_inference_with_counts() {
         assert_eq!(reply.status, 400, "{}", reply.text());
         let e = reply.error();
         assert_eq!(e["code"], "context_length_exceeded");
+        assert_eq!(e["param"], "messages");
         let prompt_tokens = e["prompt_tokens"].as_u64().unwrap();
         assert!(prompt_tokens > 0);
         assert_eq!(e["max_tokens"], WINDOW);
@@ -147,6 +148,18 @@ async fn context_length_exceeded_is_refused_before_inference_with_counts() {
     )
     .await;
     assert_eq!(reply.error()["code"], "context_length_exceeded");
+    assert_eq!(
+        reply.error()["param"],
+        "prompt",
+        "the field is named as the endpoint names it"
+    );
+    let reply = post(
+        &s.at("/v1/responses"),
+        &json!({"input": long_prompt, "max_output_tokens": 1}),
+    )
+    .await;
+    assert_eq!(reply.error()["code"], "context_length_exceeded");
+    assert_eq!(reply.error()["param"], "input");
     s.stop().await;
 }
 

@@ -69,7 +69,9 @@ pub async fn completions(
         }
         e
     })?;
-    let streams = submit_all(engine, &plan).await?;
+    let streams = submit_all(engine, &plan)
+        .await
+        .map_err(|e| e.with_param_renamed("messages", "prompt"))?;
     let id = generate::new_id("cmpl");
     let created = super::unix_now();
     if params.stream.unwrap_or(false) {

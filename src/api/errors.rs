@@ -134,6 +134,15 @@ impl ApiError {
         )
     }
 
+    /// The error with `param` renamed from `from` to `to`: the engine's refusals name the chat
+    /// field (`messages`), which is `prompt` or `input` on other endpoints.
+    pub fn with_param_renamed(mut self, from: &str, to: &str) -> Self {
+        if self.param.as_deref() == Some(from) {
+            self.param = Some(to.to_string());
+        }
+        self
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
             .with_code("internal_error")

@@ -182,9 +182,11 @@ pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiEr
         Err(e) if e.code == Some("session_busy") => {
             job.conversation_id = new_item_id("conv");
             job.plan.session = Some(session_of(&job.scope, &job.conversation_id));
-            generate::submit_all(engine, &job.plan).await?
+            generate::submit_all(engine, &job.plan)
+                .await
+                .map_err(|e| e.with_param_renamed("messages", "input"))?
         }
-        other => other?,
+        other => other.map_err(|e| e.with_param_renamed("messages", "input"))?,
     };
     Ok(streams.remove(0))
 }
