@@ -88,6 +88,15 @@ async fn bad_requests_are_400s_that_name_the_field() {
             json!({"messages": user("x"), "tool_choice": "required"}),
             "tool_choice",
         ),
+        // JSON modes are refused, not answered with free text.
+        (
+            json!({"messages": user("x"), "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": user("x"), "response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
     ];
     for (body, param) in cases {
         let reply = post(&url, &body).await;
@@ -96,6 +105,12 @@ async fn bad_requests_are_400s_that_name_the_field() {
         assert_eq!(e["type"], "invalid_request_error");
         assert_eq!(e["param"], param, "{body}: {e}");
     }
+    let text = post(
+        &url,
+        &json!({"messages": user("x"), "max_tokens": 1, "response_format": {"type": "text"}}),
+    )
+    .await;
+    assert_eq!(text.status, 200, "{}", text.text());
     // Unknown fields are ignored; a missing model is accepted.
     let ok = post(
         &url,

@@ -39,6 +39,32 @@ pub struct Plan {
 }
 
 /// Validates the shared fields. `logprobs`/`top_logprobs` come from the endpoint's own fields.
+/// `response_format` may only ask for plain text (see [`GenerationParams::response_format`]).
+fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(());
+    };
+    match format.get("type").and_then(|t| t.as_str()) {
+        Some("text") => Ok(()),
+        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::invalid(
+            Some("response_format"),
+            format!(
+                "response_format `{kind}` is not supported by this server (it has no \
+                 constrained decoding); ask for JSON in the prompt, or use tools"
+            ),
+        )
+        .with_code("unsupported_response_format")),
+        Some(other) => Err(ApiError::invalid(
+            Some("response_format.type"),
+            format!("response_format type must be `text`, `json_object` or `json_schema`, got `{other}`"),
+        )),
+        None => Err(ApiError::invalid(
+            Some("response_format.type"),
+            "response_format needs a `type` (`text`)",
+        )),
+    }
+}
+
 pub fn plan(
     p: &GenerationParams,
     prompt: Prompt,
@@ -46,6 +72,7 @@ pub fn plan(
     top_logprobs: u32,
     session: Option<SessionKey>,
 ) -> Result<Plan, ApiError> {
+    check_response_format(p.response_format.as_ref())?;
     let num_choices = p.n.unwrap_or(1) as usize;
     if !(1..=MAX_CHOICES).contains(&num_choices) {
         return Err(ApiError::invalid(

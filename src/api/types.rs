@@ -40,6 +40,10 @@ pub struct GenerationParams {
     /// mtpx extension: `false` turns speculative decoding off for this request; a drafter's
     /// name (`"ngram"`, `"prediction"`, `"mtp"`, `"draft"`) restricts it to that drafter.
     pub speculative: Option<Speculative>,
+    /// Only `{"type": "text"}`: JSON modes need constrained decoding, which this server does
+    /// not do, so they are refused rather than answered with free text.
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// The request field `speculative`: on/off, or one drafter by name.
