@@ -114,6 +114,34 @@ async fn dropping_a_stream_during_its_prefill_cancels_it_within_a_step() {
     assert_eq!(t.engine.pool_stats().await.num_used, 0);
 }
 
+#[actix_rt::test]
+async fn a_huge_prompt_being_encoded_holds_up_no_other_request() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    // ~4 MB of text: encoding it takes far longer than a short request takes end to end.
+    let mut huge = greedy_tokens(Vec::new(), 8);
+    huge.prompt = Prompt::Text("lorem ipsum dolor sit amet, ".repeat(150_000));
+    let mut big = Box::pin(t.engine.submit(huge));
+    assert!(futures::poll!(&mut big).is_pending(), "encoding has begun");
+    // A short text prompt (encoded too) runs to its end, its text detokenised, meanwhile.
+    let mut short = greedy_tokens(Vec::new(), 8);
+    short.prompt = Prompt::Text("hello there".into());
+    let out = drain(t.engine.submit(short).await.unwrap()).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.token_ids.len(), 8);
+    assert!(!out.text.is_empty());
+    assert!(
+        futures::poll!(&mut big).is_pending(),
+        "the short request waited for the huge prompt's encoding"
+    );
+    // The huge prompt is then refused for its length.
+    let refused = big.await;
+    assert!(
+        matches!(refused, Err(EngineError::ContextLengthExceeded { .. })),
+        "{:?}",
+        refused.err()
+    );
+}
+
 async fn wait_until_idle(engine: &mtpx::engine::Engine) {
     for _ in 0..2000 {
         let s = engine.scheduler_stats().await;

@@ -102,10 +102,16 @@ pub struct EngineInfo {
     pub draft_cost: Option<f64>,
 }
 
+/// Threads encoding prompts: a huge prompt takes one, the others keep serving.
+const ENCODER_THREADS: usize = 2;
+
 pub struct Engine {
     info: EngineInfo,
     scheduler: Addr<SchedulerActor>,
+    /// The streams' detokenisers (one thread).
     tokenizer: Addr<TokenizerActor>,
+    /// Prompt encoding, on threads of its own.
+    encoders: Addr<TokenizerActor>,
     registry: Addr<SessionRegistry>,
     pool: Addr<PagePoolActor>,
     worker: Addr<ModelWorker>,
@@ -222,8 +228,10 @@ impl Engine {
         let mtp = uses_mtp
             .then(|| MtpWorker::start(model.clone(), cfg.page_size, cfg.kv_dtype, num_pages));
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
-        let tokenizer =
-            TokenizerActor::start(Arc::new(bundle.tokenizer), bundle.template.map(Arc::new));
+        let (text_tokenizer, template) =
+            (Arc::new(bundle.tokenizer), bundle.template.map(Arc::new));
+        let tokenizer = TokenizerActor::start(text_tokenizer.clone(), template.clone());
+        let encoders = TokenizerActor::start_encoders(ENCODER_THREADS, text_tokenizer, template);
         let pool = PagePoolActor::new(num_pages, cfg.page_size).start();
         let registry = SessionRegistry::new(pool.clone(), cfg.page_size, cfg.session_ttl).start();
         let scheduler = SchedulerActor::new(SchedulerParts {
@@ -249,6 +257,7 @@ impl Engine {
             info,
             scheduler,
             tokenizer,
+            encoders,
             registry,
             pool,
             worker,
@@ -266,9 +275,9 @@ impl Engine {
     pub async fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
             Prompt::Tokens(t) => Ok(t.clone()),
-            Prompt::Text(text) => self.tokenizer.send(Encode { text: text.clone() }).await?,
+            Prompt::Text(text) => self.encoders.send(Encode { text: text.clone() }).await?,
             Prompt::Chat { messages, tools } => {
-                self.tokenizer
+                self.encoders
                     .send(EncodeChat {
                         messages: messages.clone(),
                         tools: tools.clone(),
@@ -282,7 +291,7 @@ impl Engine {
                 tools,
                 assistant_prefix,
             } => {
-                self.tokenizer
+                self.encoders
                     .send(EncodeChat {
                         messages: messages.clone(),
                         tools: tools.clone(),

@@ -1,6 +1,11 @@
 //! The tokenizer actor: owns the tokenizer and the chat template, encodes prompts, and keeps
 //! each output stream's incremental detokeniser. It runs on its own thread so that encoding a
 //! long prompt never holds up the scheduler.
+//!
+//! Two arbiters of it run: [`TokenizerActor::start`], one thread holding the streams'
+//! detokenisers (their state must live in one instance), and [`TokenizerActor::start_encoders`],
+//! a few threads that only encode. Encoding a huge prompt (a 12 MB body took 4-7 s) then holds
+//! up neither every stream's text nor the other requests' prompts.
 
 use super::{ChatTemplate, IncrementalDecoder};
 use crate::error::EngineError;
@@ -18,7 +23,24 @@ pub struct TokenizerActor {
 impl TokenizerActor {
     /// One thread: per-stream decoder state must live in one instance.
     pub fn start(tokenizer: Arc<Tokenizer>, template: Option<Arc<ChatTemplate>>) -> Addr<Self> {
-        SyncArbiter::start(1, move || TokenizerActor {
+        Self::start_threads(1, tokenizer, template)
+    }
+
+    /// `threads` threads for [`Encode`] and [`EncodeChat`] only (they keep no state).
+    pub fn start_encoders(
+        threads: usize,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<Arc<ChatTemplate>>,
+    ) -> Addr<Self> {
+        Self::start_threads(threads.max(1), tokenizer, template)
+    }
+
+    fn start_threads(
+        threads: usize,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<Arc<ChatTemplate>>,
+    ) -> Addr<Self> {
+        SyncArbiter::start(threads, move || TokenizerActor {
             tokenizer: tokenizer.clone(),
             template: template.clone(),
             streams: HashMap::new(),
