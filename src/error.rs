@@ -44,6 +44,12 @@ pub enum EngineError {
     SessionBusy { session_id: String },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A request field out of its range or not valid for this model (`param` names it).
+    #[error("invalid `{param}`: {message}")]
+    InvalidParam {
+        param: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Kv(#[from] KvError),
     #[error("internal error: {0}")]

@@ -78,6 +78,11 @@ async fn bad_requests_are_400s_that_name_the_field() {
             json!({"messages": user("x"), "logit_bias": {"1": 1000}}),
             "logit_bias",
         ),
+        // Checked by the engine against the model's vocabulary.
+        (
+            json!({"messages": user("x"), "logit_bias": {"99999999": 1}}),
+            "logit_bias",
+        ),
         (
             json!({"messages": user("x"), "top_logprobs": 3}),
             "top_logprobs",
@@ -104,6 +109,8 @@ async fn bad_requests_are_400s_that_name_the_field() {
         let e = reply.error();
         assert_eq!(e["type"], "invalid_request_error");
         assert_eq!(e["param"], param, "{body}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(!message.starts_with("invalid request"), "{message}");
     }
     let text = post(
         &url,

@@ -228,7 +228,9 @@ impl From<EngineError> for ApiError {
                 err.param = Some("X-Session-Id".into());
                 err
             }
-            EngineError::InvalidRequest(_) => ApiError::invalid(None, message),
+            // The message alone: the type already says it is an invalid request.
+            EngineError::InvalidRequest(m) => ApiError::invalid(None, m),
+            EngineError::InvalidParam { param, message } => ApiError::invalid(Some(param), message),
             EngineError::Kv(_) => {
                 let mut err =
                     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)

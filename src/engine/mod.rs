@@ -102,6 +102,14 @@ pub struct EngineInfo {
     pub draft_cost: Option<f64>,
 }
 
+/// A sampling parameter's refusal, naming the field.
+fn invalid_param(e: crate::sampling::SamplingParamsError) -> EngineError {
+    EngineError::InvalidParam {
+        param: e.field(),
+        message: e.to_string(),
+    }
+}
+
 /// Threads encoding prompts: a huge prompt takes one, the others keep serving.
 const ENCODER_THREADS: usize = 2;
 
@@ -344,9 +352,8 @@ impl Engine {
         let max_tokens = self.admit(tokens.len(), req.max_tokens)?;
         req.sampling
             .validate_for_vocab(self.info.vocab_size)
-            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
-        let sampler =
-            Sampler::new(req.sampling).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+            .map_err(invalid_param)?;
+        let sampler = Sampler::new(req.sampling).map_err(invalid_param)?;
         let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);
         let (session, ephemeral, draft_key) = match req.session {
             Some(key) => {
