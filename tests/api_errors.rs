@@ -93,9 +93,19 @@ async fn bad_requests_are_400s_that_name_the_field() {
             json!({"messages": user("x"), "tool_choice": "required"}),
             "tool_choice",
         ),
-        // JSON modes are refused, not answered with free text.
         (
-            json!({"messages": user("x"), "response_format": {"type": "json_object"}}),
+            json!({"messages": user("x"), "response_format": {"type": "json_schema"}}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"messages": user("x"), "response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": [1]}}}),
+            "response_format.json_schema.schema",
+        ),
+        // Compiled by the engine: a schema it cannot enforce is refused before inference.
+        (
+            json!({"messages": user("x"), "response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
             "response_format",
         ),
         (

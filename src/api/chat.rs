@@ -82,6 +82,13 @@ pub async fn chat_completions(
         request.top_logprobs.unwrap_or(0),
         session,
     )?;
+    if plan.format.is_some() && !prompt.forced_prefix.is_empty() {
+        return Err(ApiError::invalid(
+            Some("response_format"),
+            "a JSON `response_format` cannot apply to a reply that `tool_choice` forces to be a \
+             tool call; drop one of the two",
+        ));
+    }
     let streams = submit_all(engine, &plan).await?;
     let ctx = ChatContext {
         id: generate::new_id("chatcmpl"),

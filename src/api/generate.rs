@@ -11,7 +11,7 @@ use super::types::{
 };
 use crate::engine::{Engine, EngineEvent, EventStream, GenerateRequest, Prompt};
 use crate::error::EngineError;
-use crate::sampling::SamplingParams;
+use crate::sampling::{OutputFormat, SamplingParams};
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use crate::session::SessionKey;
 use crate::spec::{DraftSource, SpecChoice};
@@ -36,31 +36,52 @@ pub struct Plan {
     /// The predicted output's text (a source of drafts).
     pub prediction: Option<String>,
     pub speculative: Option<SpecChoice>,
+    /// What the output must be (`response_format`).
+    pub format: Option<OutputFormat>,
 }
 
-/// Validates the shared fields. `logprobs`/`top_logprobs` come from the endpoint's own fields.
-/// `response_format` may only ask for plain text (see [`GenerationParams::response_format`]).
-fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
+/// The `response_format` field: plain text (`None`), any JSON object, or JSON valid against a
+/// schema (compiled, and refused if invalid, when the request is submitted).
+pub fn output_format(format: Option<&serde_json::Value>) -> Result<Option<OutputFormat>, ApiError> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
-        return Ok(());
+        return Ok(None);
     };
     match format.get("type").and_then(|t| t.as_str()) {
-        Some("text") => Ok(()),
-        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::invalid(
-            Some("response_format"),
-            format!(
-                "response_format `{kind}` is not supported by this server (it has no \
-                 constrained decoding); ask for JSON in the prompt, or use tools"
-            ),
-        )
-        .with_code("unsupported_response_format")),
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(OutputFormat::JsonObject)),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").filter(|s| s.is_object()) else {
+                return Err(ApiError::invalid(
+                    Some("response_format.json_schema"),
+                    "response_format `json_schema` needs a `json_schema` object with the `schema`",
+                ));
+            };
+            schema_format(spec.get("schema"), "response_format.json_schema.schema")
+        }
         Some(other) => Err(ApiError::invalid(
             Some("response_format.type"),
             format!("response_format type must be `text`, `json_object` or `json_schema`, got `{other}`"),
         )),
         None => Err(ApiError::invalid(
             Some("response_format.type"),
-            "response_format needs a `type` (`text`)",
+            "response_format needs a `type`: `text`, `json_object` or `json_schema`",
+        )),
+    }
+}
+
+/// A JSON Schema as an output format; none (or `true`) means any JSON value.
+pub fn schema_format(
+    schema: Option<&serde_json::Value>,
+    param: &str,
+) -> Result<Option<OutputFormat>, ApiError> {
+    match schema {
+        None | Some(serde_json::Value::Bool(true)) => {
+            Ok(Some(OutputFormat::JsonSchema(serde_json::json!({}))))
+        }
+        Some(s) if s.is_object() => Ok(Some(OutputFormat::JsonSchema(s.clone()))),
+        Some(other) => Err(ApiError::invalid(
+            Some(param),
+            format!("the schema must be a JSON Schema object, got `{other}`"),
         )),
     }
 }
@@ -72,7 +93,7 @@ pub fn plan(
     top_logprobs: u32,
     session: Option<SessionKey>,
 ) -> Result<Plan, ApiError> {
-    check_response_format(p.response_format.as_ref())?;
+    let format = output_format(p.response_format.as_ref())?;
     let num_choices = p.n.unwrap_or(1) as usize;
     if !(1..=MAX_CHOICES).contains(&num_choices) {
         return Err(ApiError::invalid(
@@ -109,6 +130,7 @@ pub fn plan(
         num_choices,
         prediction: prediction_text(p)?,
         speculative: speculative_choice(p)?,
+        format,
     })
 }
 
@@ -242,6 +264,7 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.session = if i == 0 { plan.session.clone() } else { None };
         req.prediction = prediction.clone();
         req.speculative = plan.speculative;
+        req.format = plan.format.clone();
         streams.push(engine.submit(req).await.map_err(ApiError::from)?);
     }
     Ok(streams)

@@ -40,8 +40,8 @@ pub struct GenerationParams {
     /// mtpx extension: `false` turns speculative decoding off for this request; a drafter's
     /// name (`"ngram"`, `"prediction"`, `"mtp"`, `"draft"`) restricts it to that drafter.
     pub speculative: Option<Speculative>,
-    /// Only `{"type": "text"}`: JSON modes need constrained decoding, which this server does
-    /// not do, so they are refused rather than answered with free text.
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "json_schema":
+    /// {"name": …, "schema": {…}}}`: the output is sampled under a grammar that keeps it valid.
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
 }

@@ -15,7 +15,7 @@ use crate::kv::pool_actor::{ClearCache, GetPoolStats, PagePoolActor, PoolSnapsho
 use crate::kv::KvDtype;
 use crate::model::ModelBundle;
 use crate::runner::worker::{KvBytes, ModelWorker};
-use crate::sampling::Sampler;
+use crate::sampling::{Grammars, Sampler};
 use crate::scheduler::{
     Enqueue, GetSchedulerStats, SchedulerActor, SchedulerConfig, SchedulerParts, SchedulerStats,
     Submission,
@@ -125,6 +125,8 @@ pub struct Engine {
     worker: Addr<ModelWorker>,
     draft: Option<Addr<DraftWorker>>,
     mtp: Option<Addr<MtpWorker>>,
+    /// Compiles `response_format` grammars over the model's vocabulary.
+    grammars: Arc<Grammars>,
     next_stream_id: AtomicU64,
 }
 
@@ -238,6 +240,11 @@ impl Engine {
         let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
         let (text_tokenizer, template) =
             (Arc::new(bundle.tokenizer), bundle.template.map(Arc::new));
+        let grammars = Arc::new(Grammars::new(
+            text_tokenizer.clone(),
+            info.vocab_size,
+            &bundle.stop_token_ids,
+        ));
         let tokenizer = TokenizerActor::start(text_tokenizer.clone(), template.clone());
         let encoders = TokenizerActor::start_encoders(ENCODER_THREADS, text_tokenizer, template);
         let pool = PagePoolActor::new(num_pages, cfg.page_size).start();
@@ -271,6 +278,7 @@ impl Engine {
             worker,
             draft,
             mtp,
+            grammars,
             next_stream_id: AtomicU64::new(0),
         })
     }
@@ -353,7 +361,18 @@ impl Engine {
         req.sampling
             .validate_for_vocab(self.info.vocab_size)
             .map_err(invalid_param)?;
-        let sampler = Sampler::new(req.sampling).map_err(invalid_param)?;
+        let mut sampler = Sampler::new(req.sampling).map_err(invalid_param)?;
+        if let Some(format) = req.format {
+            let grammars = self.grammars.clone();
+            let constraint = actix_rt::task::spawn_blocking(move || grammars.constraint(&format))
+                .await
+                .map_err(|e| EngineError::Internal(format!("compiling the output grammar: {e}")))?
+                .map_err(|message| EngineError::InvalidParam {
+                    param: "response_format",
+                    message,
+                })?;
+            sampler = sampler.with_constraint(constraint);
+        }
         let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);
         let (session, ephemeral, draft_key) = match req.session {
             Some(key) => {

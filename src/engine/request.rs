@@ -47,6 +47,9 @@ pub struct GenerateRequest {
     /// How sampled drafts are verified; `None`: coupled (output identical to plain sampling)
     /// when the request has a seed, rejection sampling when it has none.
     pub verification: Option<crate::spec::Verification>,
+    /// What the output must be (`response_format`): every token is sampled from those that
+    /// keep it valid.
+    pub format: Option<crate::sampling::OutputFormat>,
 }
 
 impl GenerateRequest {
@@ -61,6 +64,7 @@ impl GenerateRequest {
             speculative: None,
             prediction: None,
             verification: None,
+            format: None,
         }
     }
 }

@@ -10,6 +10,8 @@
 //! 1. `logit_bias` (a bias of -100 sets the logit to `-inf`: an exact ban),
 //! 2. repetition penalty (prompt + generated tokens in the window), then presence and frequency
 //!    penalties (generated tokens only, OpenAI semantics),
+//!    then the output grammar (`response_format`, see [`constraint`]): tokens it does not allow
+//!    next become `-inf`,
 //! 3. greedy (temperature 0): argmax, ties to the lowest token id — done;
 //! 4. top-k, 5. temperature, 6. softmax, 7. top-p, 8. min-p (relative to the most likely token),
 //!    9. renormalise, 10. draw with the sampler's RNG.
@@ -34,6 +36,7 @@
 //! for). Building a [`Distribution`] sorts the surviving candidates by id, which costs more when
 //! top-p keeps much of the vocabulary; only the speculative verifier needs one.
 
+mod constraint;
 mod distribution;
 mod kernels;
 mod params;
@@ -43,6 +46,7 @@ mod select;
 #[cfg(test)]
 mod stats_tests;
 
+pub use constraint::{Grammars, OutputFormat, TokenConstraint};
 pub use distribution::Distribution;
 pub use params::{SamplingParams, SamplingParamsError, BAN_BIAS, MAX_TOP_LOGPROBS};
 pub use penalties::TokenHistory;

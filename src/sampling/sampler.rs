@@ -3,6 +3,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
+use super::constraint::TokenConstraint;
 use super::distribution::Distribution;
 use super::kernels::{self, Softmax};
 use super::params::{SamplingParams, SamplingParamsError};
@@ -31,6 +32,9 @@ pub enum SamplingError {
     NoCandidates,
     #[error("logit_bias names token {token_id}, but the logits row has {num_vocab} entries")]
     BiasTokenOutOfVocab { token_id: u32, num_vocab: usize },
+    /// The output grammar failed (a token it had allowed was refused, or it broke).
+    #[error("the output grammar failed: {0}")]
+    Constraint(String),
 }
 
 /// Samples tokens for one sequence. Owns its RNG and every buffer it needs, so after the first
@@ -49,6 +53,8 @@ pub struct Sampler {
     /// The best `top_logprobs` tokens.
     top: Vec<Candidate>,
     penalty_scratch: PenaltyScratch,
+    /// The grammar the output must follow (`response_format`), if any.
+    constraint: Option<TokenConstraint>,
 }
 
 impl Sampler {
@@ -65,7 +71,23 @@ impl Sampler {
             cands: Vec::new(),
             top: Vec::new(),
             penalty_scratch: PenaltyScratch::default(),
+            constraint: None,
         })
+    }
+
+    /// Restricts every token this sampler picks to those `constraint` allows.
+    pub fn with_constraint(mut self, constraint: TokenConstraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Moves the output grammar past `token`, chosen without [`Sampler::sample`] (which does
+    /// it itself): the speculative verifier's rejection sampling.
+    pub fn consume(&mut self, token: u32) -> Result<(), SamplingError> {
+        match &mut self.constraint {
+            Some(c) => c.consume(token),
+            None => Ok(()),
+        }
     }
 
     /// The seed in use, so a response can report it and a client can replay it.
@@ -95,9 +117,17 @@ impl Sampler {
             cands,
             top,
             penalty_scratch,
+            constraint,
             ..
         } = self;
-        let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
+        let logits = adjust(
+            params,
+            logits,
+            history,
+            adjusted,
+            penalty_scratch,
+            constraint,
+        )?;
         let token = if params.is_greedy() {
             kernels::argmax(logits).ok_or(SamplingError::NoCandidates)?
         } else {
@@ -107,7 +137,11 @@ impl Sampler {
             }
             select::draw(cands, rng)
         };
-        Ok(logprobs(params, logits, token, top))
+        let out = logprobs(params, logits, token, top);
+        if let Some(c) = constraint {
+            c.consume(token)?;
+        }
+        Ok(out)
     }
 
     /// The distribution [`Sampler::sample`] would draw from for these inputs (one-hot when
@@ -134,9 +168,17 @@ impl Sampler {
             adjusted,
             cands,
             penalty_scratch,
+            constraint,
             ..
         } = self;
-        let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
+        let logits = adjust(
+            params,
+            logits,
+            history,
+            adjusted,
+            penalty_scratch,
+            constraint,
+        )?;
         if params.is_greedy() {
             out.set_greedy(kernels::argmax(logits).ok_or(SamplingError::NoCandidates)?);
         } else {
@@ -169,9 +211,17 @@ impl Sampler {
             adjusted,
             top,
             penalty_scratch,
+            constraint,
             ..
         } = self;
-        let logits = adjust(params, logits, history, adjusted, penalty_scratch)?;
+        let logits = adjust(
+            params,
+            logits,
+            history,
+            adjusted,
+            penalty_scratch,
+            constraint,
+        )?;
         Ok(logprobs(params, logits, token, top))
     }
 
@@ -181,13 +231,15 @@ impl Sampler {
     }
 }
 
-/// Applies bias and penalties when they change anything; borrows `logits` untouched otherwise.
+/// Applies bias, penalties and the output grammar when they change anything; borrows `logits`
+/// untouched otherwise.
 fn adjust<'a>(
     params: &SamplingParams,
     logits: &'a [f32],
     history: &TokenHistory,
     adjusted: &'a mut Vec<f32>,
     scratch: &mut PenaltyScratch,
+    constraint: &mut Option<TokenConstraint>,
 ) -> Result<&'a [f32], SamplingError> {
     if logits.is_empty() {
         return Err(SamplingError::EmptyLogits);
@@ -198,12 +250,18 @@ fn adjust<'a>(
             num_vocab: logits.len(),
         });
     }
-    if !penalties::has_effect(params, history) {
+    let penalised = penalties::has_effect(params, history);
+    if !penalised && constraint.is_none() {
         return Ok(logits);
     }
     adjusted.clear();
     adjusted.extend_from_slice(logits);
-    penalties::apply(params, history, adjusted, scratch);
+    if penalised {
+        penalties::apply(params, history, adjusted, scratch);
+    }
+    if let Some(c) = constraint {
+        c.mask(adjusted)?;
+    }
     Ok(adjusted)
 }
 

@@ -82,7 +82,9 @@ pub fn verify(
                     accept_or_resample(sampler, &p, x, q)
                 }
             };
-            sampler.output_for(row, &h, token)?
+            let out = sampler.output_for(row, &h, token)?;
+            sampler.consume(token)?;
+            out
         };
         let accepted = draft == Some(out.token);
         generated.push(out.token);

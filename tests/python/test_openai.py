@@ -6,8 +6,10 @@ Its last 9 token ids are special (end-of-turn and tags); banning them keeps leng
 """
 
 import json
+from typing import Literal
 
 import openai
+import pydantic
 import pytest
 from openai import OpenAI
 
@@ -163,3 +165,26 @@ def test_an_api_key_is_required_when_configured(keyed_server_url):
         anonymous.models.list()
     keyed = OpenAI(base_url=f"{keyed_server_url}/v1", api_key="sekret", max_retries=0)
     assert keyed.models.list().data[0].id == MODEL
+
+
+class Pick(pydantic.BaseModel):
+    ok: bool
+    size: Literal["small", "large"]
+    count: int = pydantic.Field(ge=0, le=9)
+
+
+def test_structured_output_parses_into_the_pydantic_model(client):
+    # The SDK sends a strict `json_schema` and parses the reply into the model: a random model
+    # can only write such a reply under the grammar. The stop tokens are banned, yet a complete
+    # document still ends the reply.
+    r = client.chat.completions.parse(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=400,
+        logit_bias=BAN_SPECIALS, response_format=Pick,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(choice.message.parsed, Pick)
+    assert Pick.model_validate_json(choice.message.content) == choice.message.parsed
+    # json_object: the reply starts an object.
+    r = greedy(client, response_format={"type": "json_object"}, max_tokens=8)
+    assert r.choices[0].message.content.lstrip().startswith("{")

@@ -23,6 +23,7 @@ use super::tool_calls::ToolCallParser;
 use super::types::{ErrorResponse, GenerationParams};
 use super::{sse, AppState};
 use crate::engine::{Engine, EngineEvent, EventStream, Prompt};
+use crate::sampling::OutputFormat;
 use crate::scheduler::FinishReason;
 use crate::session::SessionKey;
 use actix_web::web::Bytes;
@@ -55,6 +56,23 @@ fn session_of(scope: &str, conversation_id: &str) -> SessionKey {
     SessionKey {
         scope: scope.to_string(),
         session_id: format!("responses/{conversation_id}"),
+    }
+}
+
+/// `text.format`: like chat's `response_format`, with the schema's fields in the format itself.
+fn text_format(format: Option<&Value>) -> Result<Option<OutputFormat>, ApiError> {
+    match format.filter(|f| !f.is_null()) {
+        Some(f) if f.get("type").and_then(Value::as_str) == Some("json_schema") => {
+            generate::schema_format(f.get("schema"), "text.format.schema")
+        }
+        other => generate::output_format(other).map_err(|mut e| {
+            e.param = e
+                .param
+                .take()
+                .map(|p| p.replace("response_format", "text.format"));
+            e.message = e.message.replace("response_format", "text.format");
+            e
+        }),
     }
 }
 
@@ -134,7 +152,9 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     };
     let store = req.store.unwrap_or(true);
     let session = store.then(|| session_of(scope, &conversation_id));
-    let plan = generate::plan(&params, prompt, false, 0, session)?;
+    let mut plan = generate::plan(&params, prompt, false, 0, session)?;
+    let format = req.text.as_ref().and_then(|t| t.get("format")).cloned();
+    plan.format = text_format(format.as_ref())?;
     let template = ResponseObject {
         id: id.clone(),
         object: "response".into(),
@@ -156,7 +176,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         truncation: "disabled".into(),
         usage: None,
         metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
-        text: json!({"format": {"type": "text"}}),
+        text: json!({"format": format.unwrap_or_else(|| json!({"type": "text"}))}),
         timings: None,
         conversation: None,
     };
@@ -174,6 +194,12 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     })
 }
 
+/// An engine refusal, naming this endpoint's fields.
+fn renamed(e: ApiError) -> ApiError {
+    e.with_param_renamed("messages", "input")
+        .with_param_renamed("response_format", "text.format")
+}
+
 /// Submits the job. When its conversation's session is busy (two continuations of the same
 /// response at once), the job forks into a new conversation rather than failing.
 pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiError> {
@@ -184,9 +210,9 @@ pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiEr
             job.plan.session = Some(session_of(&job.scope, &job.conversation_id));
             generate::submit_all(engine, &job.plan)
                 .await
-                .map_err(|e| e.with_param_renamed("messages", "input"))?
+                .map_err(renamed)?
         }
-        other => other.map_err(|e| e.with_param_renamed("messages", "input"))?,
+        other => other.map_err(renamed)?,
     };
     Ok(streams.remove(0))
 }

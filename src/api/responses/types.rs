@@ -32,6 +32,10 @@ pub struct ResponsesRequest {
     pub stream: Option<bool>,
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Value>,
+    /// `{"format": {"type": "text" | "json_object" | "json_schema", "name": …, "schema": {…}}}`:
+    /// the output is sampled under a grammar that keeps it valid.
+    #[schema(value_type = Option<Object>)]
+    pub text: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -1,0 +1,260 @@
+//! Structured outputs over a real pulled model (Qwen2.5-Coder-0.5B-Instruct): `response_format`
+//! `json_schema` / `json_object` on chat and text completions and `text.format` on responses
+//! give JSON valid against the schema where the same request without it gives prose; greedy
+//! output is the same with speculative drafts (accepted and rejected), streamed or not; seeded
+//! sampling is reproduced through speculation. Needs `mtpx pull qwen2.5-coder-0.5b`.
+
+#[path = "fixtures/api/client.rs"]
+mod client;
+
+use client::*;
+use mtpx::api::testing::{test_config, TestServer};
+use mtpx::config::KvMemory;
+use mtpx::engine::EngineConfig;
+use mtpx::kv::KvDtype;
+use mtpx::spec::{SpecConfig, SpecMode};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+fn qwen() -> PathBuf {
+    let home = std::env::var_os("MTPX_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx"));
+    let path = home.join("models/qwen2.5-coder-0.5b.gguf");
+    assert!(path.exists(), "run `mtpx pull qwen2.5-coder-0.5b` first");
+    path
+}
+
+fn server() -> TestServer {
+    let engine = EngineConfig {
+        context_window: Some(2048),
+        kv_memory: KvMemory::Bytes(256 << 20),
+        kv_dtype: KvDtype::F16,
+        // Drafts come from `prediction` (and context n-grams) at a fixed depth.
+        speculative: SpecConfig {
+            mode: SpecMode::Auto,
+            depth: Some(6),
+            ..SpecConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    TestServer::start_model(qwen(), engine, test_config()).unwrap()
+}
+
+fn city_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "country": {"type": "string"},
+            "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+            "landmarks": {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+        },
+        "required": ["city", "country", "population", "landmarks"],
+        "additionalProperties": false
+    })
+}
+
+fn city_format() -> Value {
+    json!({"type": "json_schema", "json_schema": {"name": "city", "strict": true, "schema": city_schema()}})
+}
+
+/// Panics unless `text` is a JSON object valid against [`city_schema`].
+fn check_city(text: &str) -> Value {
+    let v: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text:?}"));
+    let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["city", "country", "landmarks", "population"],
+        "{text}"
+    );
+    assert!(o["city"].is_string() && o["country"].is_string(), "{text}");
+    let population = o["population"].as_u64().unwrap_or_else(|| panic!("{text}"));
+    assert!(population <= 100_000_000, "{text}");
+    let landmarks = o["landmarks"].as_array().unwrap();
+    assert!(
+        landmarks.len() <= 3 && landmarks.iter().all(Value::is_string),
+        "{text}"
+    );
+    v
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Tell me about Paris."}],
+        "temperature": 0,
+        "max_tokens": 120,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+async fn content(s: &TestServer, body: &Value) -> (String, String) {
+    let reply = post(&s.at("/v1/chat/completions"), body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let r = reply.json();
+    let choice = &r["choices"][0];
+    (
+        choice["message"]["content"].as_str().unwrap().to_string(),
+        choice["finish_reason"].as_str().unwrap().to_string(),
+    )
+}
+
+#[actix_rt::test]
+async fn a_schema_turns_prose_into_valid_json_on_every_endpoint() {
+    let s = server();
+    let off = json!({"speculative": false});
+    let (prose, _) = content(&s, &chat(off.clone())).await;
+    assert!(
+        serde_json::from_str::<Value>(&prose).is_err(),
+        "the unconstrained reply is already JSON, so this test shows nothing: {prose:?}"
+    );
+    let mut body = chat(off.clone());
+    body["response_format"] = city_format();
+    let (text, finish) = content(&s, &body).await;
+    assert_eq!(finish, "stop", "{text}");
+    let city = check_city(&text);
+    assert_eq!(city["city"], "Paris");
+
+    // Any JSON object: the first non-space character opens one.
+    let mut body = chat(off);
+    body["response_format"] = json!({"type": "json_object"});
+    body["max_tokens"] = json!(24);
+    let (text, _) = content(&s, &body).await;
+    assert!(text.trim_start().starts_with('{'), "{text:?}");
+
+    // Text completions take the same field.
+    let reply = post(
+        &s.at("/v1/completions"),
+        &json!({"prompt": "Facts about Paris, as JSON:\n", "max_tokens": 120, "temperature": 0,
+                "response_format": city_format()}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    check_city(reply.json()["choices"][0]["text"].as_str().unwrap());
+
+    // Responses: `text.format`, echoed back in the response object.
+    let format = json!({"type": "json_schema", "name": "city", "schema": city_schema()});
+    let reply = post(
+        &s.at("/v1/responses"),
+        &json!({"input": "Tell me about Paris.", "max_output_tokens": 120, "temperature": 0,
+                "text": {"format": format}}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let r = reply.json();
+    assert_eq!(r["text"]["format"], format);
+    let text = r["output"][0]["content"][0]["text"].as_str().unwrap();
+    check_city(text);
+}
+
+#[actix_rt::test]
+async fn speculation_and_streaming_do_not_change_a_constrained_reply() {
+    let s = server();
+    let mut plain = chat(json!({"speculative": false}));
+    plain["response_format"] = city_format();
+    let (reference, _) = content(&s, &plain).await;
+    check_city(&reference);
+
+    // A prediction that is right at first, then wrong: accepted and rejected drafts, some of
+    // them tokens the grammar forbids (the prose of the unconstrained reply).
+    let half = &reference[..reference.len() / 2];
+    for prediction in [
+        reference.clone(),
+        format!("{half} Paris is a city in France."),
+    ] {
+        let mut body = plain.clone();
+        body["speculative"] = json!(true);
+        body["prediction"] = json!({"type": "content", "content": prediction});
+        let r = post(&s.at("/v1/chat/completions"), &body).await.json();
+        assert_eq!(r["choices"][0]["message"]["content"], reference.as_str());
+        let accepted = r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(accepted > 0, "no draft was accepted: {r}");
+    }
+
+    // Streamed: the deltas join into the same document.
+    let mut body = plain.clone();
+    body["stream"] = json!(true);
+    let reply = post(&s.at("/v1/chat/completions"), &body).await;
+    let streamed: String = reply
+        .events()
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, reference);
+
+    // Seeded sampling is coupled to plain sampling, so drafts cannot change it; unseeded
+    // sampling verifies by rejection sampling, where a forbidden draft must be rejected.
+    let mut sampled = plain.clone();
+    sampled["temperature"] = json!(0.8);
+    sampled["seed"] = json!(11);
+    let (alone, _) = content(&s, &sampled).await;
+    check_city(&alone);
+    sampled["speculative"] = json!(true);
+    sampled["prediction"] = json!({"type": "content", "content": format!("{half} Paris!")});
+    let (drafted, _) = content(&s, &sampled).await;
+    assert_eq!(drafted, alone);
+    sampled.as_object_mut().unwrap().remove("seed");
+    for _ in 0..3 {
+        let (text, finish) = content(&s, &sampled).await;
+        if finish == "stop" {
+            check_city(&text);
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn formats_that_cannot_be_enforced_are_refused_before_inference() {
+    let s = server();
+    let bad_schema = json!({"type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "objekt"}}});
+    let reply = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"response_format": bad_schema})),
+    )
+    .await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["param"], "response_format");
+    assert!(
+        reply.error()["message"]
+            .as_str()
+            .unwrap()
+            .contains("objekt"),
+        "{}",
+        reply.text()
+    );
+
+    let reply = post(
+        &s.at("/v1/responses"),
+        &json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "x",
+            "schema": {"type": "objekt"}}}}),
+    )
+    .await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["param"], "text.format");
+
+    // A forced tool call is not JSON of the format's schema: refused, not silently ignored.
+    let tools = json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {}}}}]);
+    let reply = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"tools": tools, "tool_choice": "required",
+            "response_format": {"type": "json_object"}})),
+    )
+    .await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["param"], "response_format");
+
+    // The server still serves.
+    let (text, _) = content(&s, &chat(json!({"max_tokens": 4}))).await;
+    assert!(!text.is_empty());
+}
