@@ -258,3 +258,63 @@ async fn formats_that_cannot_be_enforced_are_refused_before_inference() {
     let (text, _) = content(&s, &chat(json!({"max_tokens": 4}))).await;
     assert!(!text.is_empty());
 }
+
+fn smollm2() -> TestServer {
+    let path = qwen().with_file_name("smollm2-135m.gguf");
+    assert!(path.exists(), "run `mtpx pull smollm2-135m` first");
+    let engine = EngineConfig {
+        context_window: Some(2048),
+        kv_memory: KvMemory::Bytes(128 << 20),
+        kv_dtype: KvDtype::F16,
+        ..EngineConfig::default()
+    };
+    TestServer::start_model(path, engine, test_config()).unwrap()
+}
+
+#[actix_rt::test]
+async fn a_forced_tool_choice_is_a_valid_call_even_from_a_model_never_trained_on_tools() {
+    // SmolLM2-135M, forced by the prompt alone, wrote `<tool_call>` markup and prose into
+    // `content` with no `tool_calls`. Under the grammar it can only write a call of a
+    // declared tool whose arguments match the tool's schema.
+    let s = smollm2();
+    let parameters = json!({"type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"], "additionalProperties": false});
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather of a city", "parameters": parameters}}]);
+    let check_args = |args: &str| {
+        let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {args:?}"));
+        assert!(v["city"].is_string(), "{v}");
+        assert!(v["unit"] == "c" || v["unit"] == "f", "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+    };
+    for tool_choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let body = chat(json!({
+            "messages": [{"role": "user", "content": "What is the weather like in Paris?"}],
+            "tools": tools, "tool_choice": tool_choice, "max_tokens": 100,
+            // Allowed more, this model repeats the same call until `max_tokens`.
+            "parallel_tool_calls": false}));
+        let r = post(&s.at("/v1/chat/completions"), &body).await.json();
+        let choice = &r["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+        assert!(choice["message"]["content"].is_null(), "{r}");
+        let call = &choice["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather");
+        check_args(call["arguments"].as_str().unwrap());
+    }
+    let r = post(
+        &s.at("/v1/responses"),
+        &json!({"input": "What is the weather like in Paris?", "temperature": 0,
+            "max_output_tokens": 100, "tool_choice": "required", "parallel_tool_calls": false,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": parameters}]}),
+    )
+    .await
+    .json();
+    let item = &r["output"][0];
+    assert_eq!(item["type"], "function_call", "{r}");
+    assert_eq!(item["name"], "get_weather");
+    check_args(item["arguments"].as_str().unwrap());
+}

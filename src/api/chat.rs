@@ -18,6 +18,7 @@ use super::tool_calls::{Piece, ToolCallParser};
 use super::types::*;
 use super::AppState;
 use crate::engine::EngineEvent;
+use crate::sampling::OutputFormat;
 use crate::scheduler::Usage as EngineUsage;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -75,19 +76,22 @@ pub async fn chat_completions(
     let prompt = chat_prompt::build(&value, &request)?;
     let logprobs = request.logprobs.unwrap_or(false);
     let session = generate::session_key(&req, &auth.scope)?;
-    let plan = generate::plan(
+    let mut plan = generate::plan(
         &params,
         prompt.prompt,
         logprobs,
         request.top_logprobs.unwrap_or(0),
         session,
     )?;
-    if plan.format.is_some() && !prompt.forced_prefix.is_empty() {
-        return Err(ApiError::invalid(
-            Some("response_format"),
-            "a JSON `response_format` cannot apply to a reply that `tool_choice` forces to be a \
-             tool call; drop one of the two",
-        ));
+    if let Some(grammar) = &prompt.forced_grammar {
+        if plan.format.is_some() {
+            return Err(ApiError::invalid(
+                Some("response_format"),
+                "a JSON `response_format` cannot apply to a reply that `tool_choice` forces to \
+                 be a tool call; drop one of the two",
+            ));
+        }
+        plan.format = Some(OutputFormat::ToolCalls(grammar.clone()));
     }
     let streams = submit_all(engine, &plan).await?;
     let ctx = ChatContext {

@@ -11,10 +11,12 @@
 //! `tool_choice`: `none` renders without tools (and tool calls are not parsed); `auto` is the
 //! default; `required` and a named function are enforced by beginning the assistant's reply for
 //! it: the prompt ends with `<tool_call>\n{"name": "` (required) or `<tool_call>\n{"name": "NAME",
-//! "arguments": ` (named), so the model can only continue a call (of that function). The forced
-//! text is fed to the tool-call parser before the model's output.
+//! "arguments": ` (named), and the rest of the reply is sampled under a grammar of calls of the
+//! declared tools with arguments valid against their `parameters` (see `tool_grammar`). The
+//! forced text is fed to the tool-call parser before the model's output.
 
 use super::errors::ApiError;
+use super::tool_grammar;
 use super::types::{ChatCompletionRequest, ToolChoice};
 use crate::engine::Prompt;
 use serde_json::{json, Map, Value};
@@ -31,6 +33,8 @@ pub struct ChatPrompt {
     pub tool_names: Vec<String>,
     /// The forced start of the reply (empty unless `tool_choice` forces a call).
     pub forced_prefix: String,
+    /// The grammar the rest of a forced reply follows (see `tool_grammar`).
+    pub forced_grammar: Option<String>,
 }
 
 /// Builds the prompt from the raw request object and its typed view.
@@ -97,6 +101,24 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
             forced_prefix = format!("<tool_call>\n{{\"name\": {name_json}, \"arguments\": ");
         }
     }
+    let forced_grammar = (!forced_prefix.is_empty()).then(|| {
+        let tools: Vec<(&str, Option<&Value>)> = req
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| (t.function.name.as_str(), t.function.parameters.as_ref()))
+            .collect();
+        let named = match &req.tool_choice {
+            Some(ToolChoice::Named(named)) => Some(named.function.name.as_str()),
+            _ => None,
+        };
+        let start = match named {
+            Some(_) => tool_grammar::Start::InArguments,
+            None => tool_grammar::Start::InName,
+        };
+        let parallel = req.parallel_tool_calls != Some(false);
+        tool_grammar::forced_calls(&tools, named, parallel, start)
+    });
     let tools = use_tools.then(|| raw.get("tools").cloned()).flatten();
     let messages = Value::Array(messages);
     let prompt = if forced_prefix.is_empty() {
@@ -114,6 +136,7 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         single_call: req.parallel_tool_calls == Some(false),
         tool_names: tool_names.iter().map(|n| n.to_string()).collect(),
         forced_prefix,
+        forced_grammar,
     })
 }
 

@@ -48,6 +48,7 @@ pub mod stats;
 pub mod testing;
 pub mod tokens;
 pub mod tool_calls;
+mod tool_grammar;
 pub mod types;
 pub mod ws;
 

@@ -363,14 +363,12 @@ impl Engine {
             .map_err(invalid_param)?;
         let mut sampler = Sampler::new(req.sampling).map_err(invalid_param)?;
         if let Some(format) = req.format {
+            let param = format.param();
             let grammars = self.grammars.clone();
             let constraint = actix_rt::task::spawn_blocking(move || grammars.constraint(&format))
                 .await
                 .map_err(|e| EngineError::Internal(format!("compiling the output grammar: {e}")))?
-                .map_err(|message| EngineError::InvalidParam {
-                    param: "response_format",
-                    message,
-                })?;
+                .map_err(|message| EngineError::InvalidParam { param, message })?;
             sampler = sampler.with_constraint(constraint);
         }
         let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);

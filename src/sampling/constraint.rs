@@ -28,13 +28,24 @@ pub enum OutputFormat {
     JsonObject,
     /// A JSON value valid against this JSON Schema.
     JsonSchema(serde_json::Value),
+    /// Text of this Lark grammar (llguidance's dialect): forced tool calls.
+    ToolCalls(String),
 }
 
 impl OutputFormat {
-    fn schema(&self) -> serde_json::Value {
+    /// The request field a refusal of this format names.
+    pub fn param(&self) -> &'static str {
+        match self {
+            OutputFormat::JsonObject | OutputFormat::JsonSchema(_) => "response_format",
+            OutputFormat::ToolCalls(_) => "tools",
+        }
+    }
+
+    fn grammar(&self) -> TopLevelGrammar {
         let mut schema = match self {
             OutputFormat::JsonObject => serde_json::json!({"type": "object"}),
             OutputFormat::JsonSchema(s) => s.clone(),
+            OutputFormat::ToolCalls(lark) => return TopLevelGrammar::from_lark(lark.clone()),
         };
         // Whitespace between JSON tokens is free (so models write the JSON they are used to)
         // but bounded: an unbounded run lets a small model pad with newlines until
@@ -48,7 +59,7 @@ impl OutputFormat {
                 })
             });
         }
-        schema
+        TopLevelGrammar::from_json_schema(schema)
     }
 }
 
@@ -84,8 +95,9 @@ impl Grammars {
             .get_or_init(|| self.build_factory().map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| format!("structured outputs are unavailable for this model: {e}"))?;
-        let grammar = TopLevelGrammar::from_json_schema(format.schema());
-        let parser = factory.create_parser(grammar).map_err(|e| e.to_string())?;
+        let parser = factory
+            .create_parser(format.grammar())
+            .map_err(|e| e.to_string())?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(e);

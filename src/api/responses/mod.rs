@@ -20,6 +20,7 @@ use super::errors::{from_value, read_json_object, ApiError};
 use super::generate::{self, Plan};
 use super::metrics::TokenClock;
 use super::tool_calls::ToolCallParser;
+use super::tool_grammar;
 use super::types::{ErrorResponse, GenerationParams};
 use super::{sse, AppState};
 use crate::engine::{Engine, EngineEvent, EventStream, Prompt};
@@ -57,6 +58,28 @@ fn session_of(scope: &str, conversation_id: &str) -> SessionKey {
         scope: scope.to_string(),
         session_id: format!("responses/{conversation_id}"),
     }
+}
+
+/// The grammar of the reply when `tool_choice` forces calls (see `tool_grammar`).
+fn forced_calls(tools: &[Value], mode: &ToolMode, parallel: bool) -> Option<String> {
+    let named = match mode {
+        ToolMode::Required => None,
+        ToolMode::Named(name) => Some(name.as_str()),
+        ToolMode::Auto | ToolMode::None => return None,
+    };
+    let tools: Vec<(&str, Option<&Value>)> = tools
+        .iter()
+        .filter_map(|t| {
+            let name = t.pointer("/function/name").and_then(Value::as_str)?;
+            Some((name, t.pointer("/function/parameters")))
+        })
+        .collect();
+    Some(tool_grammar::forced_calls(
+        &tools,
+        named,
+        parallel,
+        tool_grammar::Start::Empty,
+    ))
 }
 
 /// `text.format`: like chat's `response_format`, with the schema's fields in the format itself.
@@ -139,6 +162,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         ));
     }
     let use_tools = !tools.is_empty() && mode != ToolMode::None;
+    let forced_grammar = forced_calls(&tools, &mode, req.parallel_tool_calls != Some(false));
     match &mode {
         ToolMode::Required => messages.push(json!({"role": "system", "content":
             "Respond only with one or more tool calls, using the tools provided."})),
@@ -155,6 +179,16 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     let mut plan = generate::plan(&params, prompt, false, 0, session)?;
     let format = req.text.as_ref().and_then(|t| t.get("format")).cloned();
     plan.format = text_format(format.as_ref())?;
+    if let Some(grammar) = forced_grammar {
+        if plan.format.is_some() {
+            return Err(ApiError::invalid(
+                Some("text.format"),
+                "a JSON `text.format` cannot apply to a reply that `tool_choice` forces to be a \
+                 tool call; drop one of the two",
+            ));
+        }
+        plan.format = Some(OutputFormat::ToolCalls(grammar));
+    }
     let template = ResponseObject {
         id: id.clone(),
         object: "response".into(),
