@@ -10,6 +10,7 @@ use super::ModelArgs;
 use crate::engine::{Engine, EngineConfig, EngineEvent, GenerateRequest, Prompt};
 use crate::model::ModelBundle;
 use crate::pull::resolve_model;
+use crate::sampling::OutputFormat;
 use crate::sampling::SamplingParams;
 use crate::session::SessionKey;
 use anyhow::{anyhow, Result};
@@ -31,8 +32,22 @@ pub struct BenchEngineArgs {
     pub history: usize,
     #[arg(long)]
     pub json: bool,
+    /// Constrain every throughput request's output to `{"text": "<a string>"}` (a JSON Schema
+    /// `response_format`), to measure what the grammar costs per token.
+    #[arg(long)]
+    pub structured: bool,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+}
+
+/// The `--structured` format: a string too long to close, so requests still run to `--tokens`.
+fn structured_format() -> OutputFormat {
+    OutputFormat::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"text": {"type": "string", "minLength": 100000}},
+        "required": ["text"],
+        "additionalProperties": false
+    }))
 }
 
 fn greedy(tokens: Vec<u32>, max_tokens: usize, session: Option<&str>) -> GenerateRequest {
@@ -107,7 +122,11 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
         for &c in &args.concurrency {
             let before = engine.scheduler_stats().await;
             let start = Instant::now();
-            let runs = (0..c).map(|i| run(&engine, greedy(prompt(&text_tokens, i, 32), args.tokens, None)));
+            let runs = (0..c).map(|i| {
+                let mut req = greedy(prompt(&text_tokens, i, 32), args.tokens, None);
+                req.format = args.structured.then(structured_format);
+                run(&engine, req)
+            });
             let results = futures::future::join_all(runs).await;
             let wall = start.elapsed().as_secs_f64();
             let generated: usize = results.into_iter().map(|r| r.map(|(_, n)| n)).sum::<Result<usize>>()?;
@@ -118,6 +137,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
             levels.push(serde_json::json!({
                 "concurrency": c,
                 "aggregate_tok_s": tps,
+                "tokens_generated": generated,
                 "vs_single_stream": tps / single_tps,
                 "scheduler_overhead_us_mean": (after.overhead_us_total - before.overhead_us_total) as f64 / steps as f64,
                 "scheduler_overhead_us_max": after.overhead_us_max,
@@ -157,6 +177,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> Result<()> {
         anyhow::Ok(serde_json::json!({
             "model": path.display().to_string(),
             "tokens_per_request": args.tokens,
+            "structured": args.structured,
             "levels": levels,
             "continuation": ttft,
         }))

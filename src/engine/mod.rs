@@ -245,6 +245,19 @@ impl Engine {
             info.vocab_size,
             &bundle.stop_token_ids,
         ));
+        {
+            let grammars = grammars.clone();
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                match grammars.prepare() {
+                    Ok(()) => tracing::info!(
+                        "structured outputs ready in {:.2} s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            });
+        }
         let tokenizer = TokenizerActor::start(text_tokenizer.clone(), template.clone());
         let encoders = TokenizerActor::start_encoders(ENCODER_THREADS, text_tokenizer, template);
         let pool = PagePoolActor::new(num_pages, cfg.page_size).start();

@@ -87,14 +87,24 @@ impl Grammars {
         }
     }
 
+    /// Builds the token trie now (about a second for a 152K vocabulary), so that the first
+    /// request with a format does not wait for it. Blocking; a `constraint` call meanwhile
+    /// waits for this one.
+    pub fn prepare(&self) -> Result<(), String> {
+        self.factory().map(|_| ())
+    }
+
+    fn factory(&self) -> Result<&ParserFactory, String> {
+        self.factory
+            .get_or_init(|| self.build_factory().map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| format!("structured outputs are unavailable for this model: {e}"))
+    }
+
     /// A fresh constraint for one sequence, or why `format` cannot be enforced (an invalid or
     /// unsupported schema). Blocking: compiling a large schema can take milliseconds.
     pub fn constraint(&self, format: &OutputFormat) -> Result<TokenConstraint, String> {
-        let factory = self
-            .factory
-            .get_or_init(|| self.build_factory().map_err(|e| format!("{e:#}")))
-            .as_ref()
-            .map_err(|e| format!("structured outputs are unavailable for this model: {e}"))?;
+        let factory = self.factory()?;
         let parser = factory
             .create_parser(format.grammar())
             .map_err(|e| e.to_string())?;
