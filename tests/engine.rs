@@ -275,18 +275,39 @@ async fn a_full_queue_answers_overloaded() {
 }
 
 #[actix_rt::test]
-async fn stop_strings_end_the_request_and_are_not_emitted() {
+async fn stop_strings_end_the_request_and_neither_they_nor_their_tokens_are_sent() {
     let t = start_engine(&TestModelSpec::default(), cfg());
     let free = run(&t.engine, greedy_tokens(token_ids(3, 30), 40)).await;
     assert!(free.text.len() > 4, "{:?}", free.text);
     // Stop at a piece of what the model says anyway.
     let stop: String = free.text.chars().skip(2).take(2).collect();
-    let mut req = greedy_tokens(token_ids(3, 30), 40);
+    let mut req = greedy_with_logprobs(token_ids(3, 30), 40);
     req.stop = vec![stop.clone()];
     let out = run(&t.engine, req).await;
     assert_eq!(out.finish, Some(FinishReason::Stop));
     let cut = free.text.find(&stop).unwrap();
     assert_eq!(out.text, free.text[..cut]);
+    // A stop string made of whole tokens (the 5th and 6th): they are generated and counted,
+    // but neither they nor their log-probabilities are sent — what is sent describes the text.
+    let before = run(&t.engine, greedy_tokens(token_ids(3, 30), 4))
+        .await
+        .text;
+    let through = run(&t.engine, greedy_tokens(token_ids(3, 30), 6))
+        .await
+        .text;
+    let stop = through[before.len()..].to_string();
+    assert_eq!(
+        free.text.find(&stop),
+        Some(before.len()),
+        "{stop:?} occurs earlier"
+    );
+    let mut req = greedy_with_logprobs(token_ids(3, 30), 40);
+    req.stop = vec![stop];
+    let out = run(&t.engine, req).await;
+    assert_eq!(out.text, before);
+    assert_eq!(out.token_ids, free.token_ids[..4]);
+    assert_eq!(out.logprobs.len(), 4);
+    assert_eq!(out.usage.completion_tokens, 6);
     wait_until_idle(&t.engine).await;
     t.engine.clear_caches().await;
     assert_eq!(t.engine.pool_stats().await.num_used, 0);

@@ -2,6 +2,12 @@
 //! applies stop strings. A stop string ends the request the same way a disconnect does: this
 //! task drops the scheduler's channel, and the scheduler frees the pages at its next step. A
 //! client that drops its stream is noticed at once, whether or not a token is on its way.
+//!
+//! Tokens travel with their text: a token is sent once some of its text is (text that could
+//! still begin a stop string is held back, and so are its tokens), and the tokens that only
+//! spell a matched stop string are never sent, so `token_ids` and `logprobs` describe the
+//! returned text (as llama.cpp's server does). `completion_tokens` still counts every token
+//! generated.
 
 use super::request::EngineEvent;
 use crate::scheduler::{FinishReason, SeqEvent, Usage};
@@ -20,10 +26,49 @@ pub struct StreamTask {
     pub to_client: UnboundedSender<EngineEvent>,
 }
 
+/// A generated token whose text has not been sent yet.
+struct HeldToken {
+    token_id: u32,
+    logprob: Option<f32>,
+    top_logprobs: Vec<(u32, f32)>,
+    draft_depth: u8,
+    /// Where its text starts in the held text.
+    start: usize,
+}
+
+/// The held tokens to send with the first `cut` bytes of the held text: those whose text
+/// starts there. The rest are re-based to the text that stays held.
+fn release(held: &mut Vec<HeldToken>, cut: usize) -> Vec<HeldToken> {
+    let n = held.iter().take_while(|t| t.start < cut).count();
+    let released: Vec<HeldToken> = held.drain(..n).collect();
+    for t in held.iter_mut() {
+        t.start -= cut;
+    }
+    released
+}
+
+fn delta(text: String, tokens: Vec<HeldToken>) -> EngineEvent {
+    let mut d = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for t in tokens {
+        d.0.push(t.token_id);
+        d.1.push(t.logprob);
+        d.2.push(t.top_logprobs);
+        d.3.push(t.draft_depth);
+    }
+    EngineEvent::Delta {
+        text,
+        token_ids: d.0,
+        logprobs: d.1,
+        top_logprobs: d.2,
+        draft_depths: d.3,
+    }
+}
+
 impl StreamTask {
     pub async fn run(mut self) {
         let started = Instant::now();
         let mut held = String::new();
+        let mut held_tokens: Vec<HeldToken> = Vec::new();
         let mut num_generated = 0usize;
         let mut first_token_at = None;
         loop {
@@ -45,16 +90,26 @@ impl StreamTask {
                     num_generated += 1;
                     first_token_at.get_or_insert_with(Instant::now);
                     let text = self.detokenize(vec![token_id], false).await;
+                    held_tokens.push(HeldToken {
+                        token_id,
+                        logprob,
+                        top_logprobs,
+                        draft_depth,
+                        start: held.len(),
+                    });
                     held.push_str(&text);
                     let (emit, stopped) = self.split_at_stop(&mut held, false);
-                    let delta = EngineEvent::Delta {
-                        text: emit,
-                        token_ids: vec![token_id],
-                        logprobs: vec![logprob],
-                        top_logprobs: vec![top_logprobs],
-                        draft_depths: vec![draft_depth],
+                    // All text out: all tokens go (those with no text of their own too).
+                    // Otherwise the held text may spell a stop string, and the tokens that
+                    // spell only it stay (and are dropped with it when it matched).
+                    let tokens = if !stopped && held.is_empty() {
+                        std::mem::take(&mut held_tokens)
+                    } else {
+                        release(&mut held_tokens, emit.len())
                     };
-                    if self.to_client.send(delta).is_err() {
+                    if (!emit.is_empty() || !tokens.is_empty())
+                        && self.to_client.send(delta(emit, tokens)).is_err()
+                    {
                         break; // the client is gone: dropping our receiver cancels the sequence
                     }
                     if stopped {
@@ -79,14 +134,12 @@ impl StreamTask {
                 SeqEvent::Finished { reason, usage } => {
                     held.push_str(&self.detokenize(Vec::new(), true).await);
                     let (emit, stopped) = self.split_at_stop(&mut held, true);
-                    if !emit.is_empty() {
-                        let _ = self.to_client.send(EngineEvent::Delta {
-                            text: emit,
-                            token_ids: Vec::new(),
-                            logprobs: Vec::new(),
-                            top_logprobs: Vec::new(),
-                            draft_depths: Vec::new(),
-                        });
+                    let tokens = match stopped {
+                        true => release(&mut held_tokens, emit.len()),
+                        false => std::mem::take(&mut held_tokens),
+                    };
+                    if !emit.is_empty() || !tokens.is_empty() {
+                        let _ = self.to_client.send(delta(emit, tokens));
                     }
                     let reason = if stopped { FinishReason::Stop } else { reason };
                     let _ = self.to_client.send(EngineEvent::Finished { reason, usage });
