@@ -165,3 +165,39 @@ async fn qwen_agent_session_grows_past_16k_and_19k_to_a_24k_window() {
     agent_session(&s, &plan).await;
     s.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_suffix_makes_qwen_fill_in_the_middle() {
+    let s = server(4096);
+    let url = s.at("/v1/completions");
+    let body = |suffix: Option<&str>| {
+        let mut b = json!({"prompt": "def add(a, b):\n    ", "max_tokens": 48, "temperature": 0});
+        if let Some(suffix) = suffix {
+            b["suffix"] = json!(suffix);
+        }
+        b
+    };
+    let filled = post(&url, &body(Some("\n\nprint(add(2, 3))\n")))
+        .await
+        .json();
+    let choice = &filled["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(text.starts_with("return a + b"), "{text:?}");
+    // It ends where the middle ends (the model's end-of-text token), not at max_tokens.
+    assert_eq!(choice["finish_reason"], "stop", "{filled}");
+    assert!(!text.contains("fim"), "{text:?}");
+    // The three FIM tokens and the suffix are part of the prompt.
+    let plain = post(&url, &body(None)).await.json();
+    let (with, without) = (
+        filled["usage"]["prompt_tokens"].as_u64().unwrap(),
+        plain["usage"]["prompt_tokens"].as_u64().unwrap(),
+    );
+    assert!(with > without + 3, "{with} vs {without}");
+    assert_eq!(plain["choices"][0]["finish_reason"], "length");
+    // A suffix needs a text prompt.
+    let mut ids = body(Some("x"));
+    ids["prompt"] = json!([1, 2, 3]);
+    let reply = post(&url, &ids).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["param"], "prompt");
+}

@@ -1,6 +1,8 @@
 //! `POST /v1/completions` (the legacy text endpoint): a prompt string or token ids, streamed
-//! and not. `echo` and `suffix` are not supported and are refused with a 400 naming them;
-//! several prompts in one request are refused too (send one request per prompt).
+//! and not. A non-empty `suffix` makes it a fill-in-the-middle request (the model's FIM
+//! tokens around `prompt` and `suffix`; a model without them gets a 400). `echo` is refused
+//! with a 400 naming it; several prompts in one request are refused too (send one request per
+//! prompt).
 
 use super::auth::Authorized;
 use super::disconnect::Peer;
@@ -11,6 +13,7 @@ use super::sse;
 use super::types::*;
 use super::AppState;
 use crate::engine::{EngineEvent, Prompt};
+use crate::model::FimTokens;
 use crate::scheduler::Usage as EngineUsage;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -47,13 +50,10 @@ pub async fn completions(
             "`echo` is not supported by this server",
         ));
     }
-    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid(
-            Some("suffix"),
-            "`suffix` (fill-in-the-middle) is not supported by this server",
-        ));
+    let mut prompt = prompt_of(request.prompt, engine.info().vocab_size)?;
+    if let Some(suffix) = request.suffix.filter(|s| !s.is_empty()) {
+        prompt = fill_in_the_middle(prompt, &suffix, engine.info().fim.as_ref())?;
     }
-    let prompt = prompt_of(request.prompt, engine.info().vocab_size)?;
     let session = generate::session_key(&req, &auth.scope)?;
     let logprobs = request.logprobs.is_some();
     let plan = generate::plan(
@@ -88,6 +88,28 @@ pub async fn completions(
     }
     let collected = collect_all(streams, &state.metrics, Peer::of(&req)).await?;
     Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs)))
+}
+
+/// `prompt` + `suffix` as the model's fill-in-the-middle prompt: it writes what goes between
+/// them (and ends with its end-of-text token).
+fn fill_in_the_middle(
+    prompt: Prompt,
+    suffix: &str,
+    fim: Option<&FimTokens>,
+) -> Result<Prompt, ApiError> {
+    let Some(fim) = fim else {
+        return Err(ApiError::invalid(
+            Some("suffix"),
+            "this model has no fill-in-the-middle tokens, so `suffix` cannot be used",
+        ));
+    };
+    match prompt {
+        Prompt::Text(before) => Ok(Prompt::Text(fim.prompt(&before, suffix))),
+        _ => Err(ApiError::invalid(
+            Some("prompt"),
+            "with `suffix`, `prompt` must be text (the code before the insertion point)",
+        )),
+    }
 }
 
 fn prompt_of(input: PromptInput, vocab_size: usize) -> Result<Prompt, ApiError> {

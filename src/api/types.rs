@@ -200,7 +200,8 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     /// Not supported: `true` is refused.
     pub echo: Option<bool>,
-    /// Not supported: a non-empty suffix is refused.
+    /// The text after the insertion point: a non-empty suffix asks the model to fill in the
+    /// middle between `prompt` and it (models with FIM tokens, such as Qwen2.5-Coder).
     pub suffix: Option<String>,
     /// Number of most likely alternatives to report per token, 0..=20.
     pub logprobs: Option<u32>,

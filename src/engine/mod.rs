@@ -98,6 +98,8 @@ pub struct EngineInfo {
     pub speculative: SpecConfig,
     /// The draft model's file, when one is loaded.
     pub draft_model_path: Option<String>,
+    /// Fill-in-the-middle tokens (`suffix` on `/v1/completions`), when the model has them.
+    pub fim: Option<crate::model::FimTokens>,
     /// At start-up: a draft-model step relative to a target decode step.
     pub draft_cost: Option<f64>,
 }
@@ -217,6 +219,7 @@ impl Engine {
             }
         }
         let info = EngineInfo {
+            fim: bundle.fim_tokens(),
             model_path: bundle.path.display().to_string(),
             context_window,
             model_context_length: model_ctx,

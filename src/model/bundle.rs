@@ -9,6 +9,25 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
+/// The special tokens of a fill-in-the-middle prompt: `{prefix}code before{suffix}code
+/// after{middle}`, after which the model writes what goes between.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FimTokens {
+    pub prefix: String,
+    pub suffix: String,
+    pub middle: String,
+}
+
+impl FimTokens {
+    /// The prompt text (its special-token text is encoded as the special tokens).
+    pub fn prompt(&self, before: &str, after: &str) -> String {
+        format!(
+            "{}{before}{}{after}{}",
+            self.prefix, self.suffix, self.middle
+        )
+    }
+}
+
 pub struct ModelBundle {
     pub path: PathBuf,
     pub transformer: Transformer,
@@ -39,6 +58,24 @@ impl ModelBundle {
             tokenizer,
             template,
             stop_token_ids,
+        })
+    }
+
+    /// The model's fill-in-the-middle tokens, when its vocabulary has a known set.
+    pub fn fim_tokens(&self) -> Option<FimTokens> {
+        const KNOWN: [[&str; 3]; 2] = [
+            // Qwen2.5-Coder
+            ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+            // StarCoder and its descendants
+            ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+        ];
+        let [prefix, suffix, middle] = KNOWN
+            .into_iter()
+            .find(|set| set.iter().all(|t| self.tokenizer.token_to_id(t).is_some()))?;
+        Some(FimTokens {
+            prefix: prefix.into(),
+            suffix: suffix.into(),
+            middle: middle.into(),
         })
     }
 
