@@ -318,3 +318,55 @@ async fn a_forced_tool_choice_is_a_valid_call_even_from_a_model_never_trained_on
     assert_eq!(item["name"], "get_weather");
     check_args(item["arguments"].as_str().unwrap());
 }
+
+#[actix_rt::test]
+async fn vllm_guided_fields_constrain_the_reply() {
+    let s = server();
+    let ask = |content: &str, extra: Value| {
+        let mut body = chat(extra);
+        body["messages"] = json!([{"role": "user", "content": content}]);
+        body
+    };
+    let choices = json!(["positive", "negative", "neutral"]);
+    let (text, finish) = content(
+        &s,
+        &ask(
+            "Is this review positive or negative? 'Terrible food, rude staff.'",
+            json!({"guided_choice": choices}),
+        ),
+    )
+    .await;
+    assert_eq!((text.as_str(), finish.as_str()), ("negative", "stop"));
+
+    let (text, _) = content(
+        &s,
+        &ask(
+            "Make up a US phone number.",
+            json!({"guided_regex": r"\(\d{3}\) \d{3}-\d{4}"}),
+        ),
+    )
+    .await;
+    let digits: Vec<char> = text.chars().filter(char::is_ascii_digit).collect();
+    assert_eq!(digits.len(), 10, "{text:?}");
+    assert_eq!(text.len(), 14, "{text:?}");
+    assert!(text.starts_with('(') && text[5..6] == *" " && text[9..10] == *"-", "{text:?}");
+
+    let (text, _) = content(
+        &s,
+        &ask("Tell me about Paris.", json!({"guided_json": city_schema()})),
+    )
+    .await;
+    check_city(&text);
+
+    // One constraint at a time; a bad one is named.
+    let both = ask("x", json!({"guided_choice": ["a"], "guided_regex": "a"}));
+    let reply = post(&s.at("/v1/chat/completions"), &both).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    let bad = ask("x", json!({"guided_regex": "(unclosed"}));
+    let reply = post(&s.at("/v1/chat/completions"), &bad).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["param"], "guided_regex");
+    let bad = ask("x", json!({"guided_json": {"type": "objekt"}}));
+    let reply = post(&s.at("/v1/chat/completions"), &bad).await;
+    assert_eq!(reply.error()["param"], "guided_json", "{}", reply.text());
+}

@@ -36,8 +36,10 @@ pub struct Plan {
     /// The predicted output's text (a source of drafts).
     pub prediction: Option<String>,
     pub speculative: Option<SpecChoice>,
-    /// What the output must be (`response_format`).
+    /// What the output must be (`response_format` or a vLLM `guided_*` field).
     pub format: Option<OutputFormat>,
+    /// The request field `format` came from, for errors.
+    pub format_param: &'static str,
 }
 
 /// The `response_format` field: plain text (`None`), any JSON object, or JSON valid against a
@@ -69,6 +71,45 @@ pub fn output_format(format: Option<&serde_json::Value>) -> Result<Option<Output
     }
 }
 
+/// The output format and the field it came from: `response_format` or one of vLLM's
+/// `guided_json`, `guided_regex`, `guided_choice` (at most one of them).
+fn guided_format(p: &GenerationParams) -> Result<(Option<OutputFormat>, &'static str), ApiError> {
+    let mut given = Vec::new();
+    if let Some(f) = output_format(p.response_format.as_ref())? {
+        given.push((f, "response_format"));
+    }
+    if let Some(schema) = &p.guided_json {
+        let f = schema_format(Some(schema), "guided_json")?.expect("a schema was given");
+        given.push((f, "guided_json"));
+    }
+    if let Some(rx) = &p.guided_regex {
+        given.push((OutputFormat::Regex(rx.clone()), "guided_regex"));
+    }
+    if let Some(options) = &p.guided_choice {
+        if options.is_empty() {
+            return Err(ApiError::invalid(
+                Some("guided_choice"),
+                "`guided_choice` needs at least one string",
+            ));
+        }
+        given.push((OutputFormat::Choice(options.clone()), "guided_choice"));
+    }
+    match given.len() {
+        0 => Ok((None, "response_format")),
+        1 => {
+            let (f, param) = given.remove(0);
+            Ok((Some(f), param))
+        }
+        _ => Err(ApiError::invalid(
+            Some(given[1].1),
+            format!(
+                "give one output constraint, not `{}` and `{}`",
+                given[0].1, given[1].1
+            ),
+        )),
+    }
+}
+
 /// A JSON Schema as an output format; none (or `true`) means any JSON value.
 pub fn schema_format(
     schema: Option<&serde_json::Value>,
@@ -93,7 +134,7 @@ pub fn plan(
     top_logprobs: u32,
     session: Option<SessionKey>,
 ) -> Result<Plan, ApiError> {
-    let format = output_format(p.response_format.as_ref())?;
+    let (format, format_param) = guided_format(p)?;
     let num_choices = p.n.unwrap_or(1) as usize;
     if !(1..=MAX_CHOICES).contains(&num_choices) {
         return Err(ApiError::invalid(
@@ -131,6 +172,7 @@ pub fn plan(
         prediction: prediction_text(p)?,
         speculative: speculative_choice(p)?,
         format,
+        format_param,
     })
 }
 
@@ -265,7 +307,9 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.prediction = prediction.clone();
         req.speculative = plan.speculative;
         req.format = plan.format.clone();
-        streams.push(engine.submit(req).await.map_err(ApiError::from)?);
+        let refused =
+            |e| ApiError::from(e).with_param_renamed("response_format", plan.format_param);
+        streams.push(engine.submit(req).await.map_err(refused)?);
     }
     Ok(streams)
 }

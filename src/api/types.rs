@@ -44,6 +44,13 @@ pub struct GenerationParams {
     /// {"name": …, "schema": {…}}}`: the output is sampled under a grammar that keeps it valid.
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+    /// vLLM extension: the output is JSON valid against this JSON Schema.
+    #[schema(value_type = Option<Object>)]
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM extension: the output matches this regular expression (Rust `regex` syntax).
+    pub guided_regex: Option<String>,
+    /// vLLM extension: the output is exactly one of these strings.
+    pub guided_choice: Option<Vec<String>>,
 }
 
 /// The request field `speculative`: on/off, or one drafter by name.

@@ -28,6 +28,10 @@ pub enum OutputFormat {
     JsonObject,
     /// A JSON value valid against this JSON Schema.
     JsonSchema(serde_json::Value),
+    /// Text matching this regular expression.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
     /// Text of this Lark grammar (llguidance's dialect): forced tool calls.
     ToolCalls(String),
 }
@@ -37,6 +41,8 @@ impl OutputFormat {
     pub fn param(&self) -> &'static str {
         match self {
             OutputFormat::JsonObject | OutputFormat::JsonSchema(_) => "response_format",
+            OutputFormat::Regex(_) => "guided_regex",
+            OutputFormat::Choice(_) => "guided_choice",
             OutputFormat::ToolCalls(_) => "tools",
         }
     }
@@ -46,6 +52,15 @@ impl OutputFormat {
             OutputFormat::JsonObject => serde_json::json!({"type": "object"}),
             OutputFormat::JsonSchema(s) => s.clone(),
             OutputFormat::ToolCalls(lark) => return TopLevelGrammar::from_lark(lark.clone()),
+            OutputFormat::Regex(rx) => return TopLevelGrammar::from_regex(rx),
+            OutputFormat::Choice(options) => {
+                // Lark string literals use JSON string syntax.
+                let literals: Vec<String> = options
+                    .iter()
+                    .map(|o| serde_json::to_string(o).expect("a string serialises"))
+                    .collect();
+                return TopLevelGrammar::from_lark(format!("start: {}", literals.join(" | ")));
+            }
         };
         // Whitespace between JSON tokens is free (so models write the JSON they are used to)
         // but bounded: an unbounded run lets a small model pad with newlines until
