@@ -349,11 +349,17 @@ async fn vllm_guided_fields_constrain_the_reply() {
     let digits: Vec<char> = text.chars().filter(char::is_ascii_digit).collect();
     assert_eq!(digits.len(), 10, "{text:?}");
     assert_eq!(text.len(), 14, "{text:?}");
-    assert!(text.starts_with('(') && text[5..6] == *" " && text[9..10] == *"-", "{text:?}");
+    assert!(
+        text.starts_with('(') && text[5..6] == *" " && text[9..10] == *"-",
+        "{text:?}"
+    );
 
     let (text, _) = content(
         &s,
-        &ask("Tell me about Paris.", json!({"guided_json": city_schema()})),
+        &ask(
+            "Tell me about Paris.",
+            json!({"guided_json": city_schema()}),
+        ),
     )
     .await;
     check_city(&text);

@@ -507,3 +507,39 @@ async fn the_ws_bench_session_reuses_its_kv_and_its_cold_peer_does_not() {
         previous_input = r.input_tokens;
     }
 }
+
+#[actix_rt::test]
+async fn websocket_turns_follow_text_format_and_forced_tool_choice() {
+    // The random model can only write these under the grammar; its stop tokens are banned, so
+    // each reply ends because the grammar ends it.
+    let s = server();
+    let mut ws = ResponsesSocket::connect(&s.url, None).await.unwrap();
+    let mut b = body(json!("Pick."), None, 200);
+    b["text"] = json!({"format": {"type": "json_schema", "name": "pick", "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "l"]}},
+        "required": ["ok", "size"], "additionalProperties": false}}});
+    let t = ws.turn(&b).await.unwrap();
+    assert_eq!(t.response.status, "completed");
+    let v: Value = serde_json::from_str(&t.response.output_text()).unwrap();
+    assert!(
+        v["ok"].is_boolean() && (v["size"] == "s" || v["size"] == "l"),
+        "{v}"
+    );
+
+    let mut b = body(json!("Read a file."), Some(&t.response.id), 200);
+    b["tool_choice"] = json!("required");
+    b["parallel_tool_calls"] = json!(false);
+    let t = ws.turn(&b).await.unwrap();
+    let call = serde_json::to_value(&t.response.output).unwrap();
+    let call = call
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("no call: {call}"))
+        .clone();
+    assert_eq!(call["name"], "read");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["path"].is_string(), "{args}");
+    ws.close().await.unwrap();
+}
