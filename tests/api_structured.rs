@@ -6,24 +6,16 @@
 
 #[path = "fixtures/api/client.rs"]
 mod client;
+mod common;
 
 use client::*;
+use common::pulled_model;
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::config::KvMemory;
 use mtpx::engine::EngineConfig;
 use mtpx::kv::KvDtype;
 use mtpx::spec::{SpecConfig, SpecMode};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-
-fn qwen() -> PathBuf {
-    let home = std::env::var_os("MTPX_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mtpx"));
-    let path = home.join("models/qwen2.5-coder-0.5b.gguf");
-    assert!(path.exists(), "run `mtpx pull qwen2.5-coder-0.5b` first");
-    path
-}
 
 fn server() -> TestServer {
     let engine = EngineConfig {
@@ -38,7 +30,7 @@ fn server() -> TestServer {
         },
         ..EngineConfig::default()
     };
-    TestServer::start_model(qwen(), engine, test_config()).unwrap()
+    TestServer::start_model(pulled_model("qwen2.5-coder-0.5b"), engine, test_config()).unwrap()
 }
 
 fn city_schema() -> Value {
@@ -260,8 +252,7 @@ async fn formats_that_cannot_be_enforced_are_refused_before_inference() {
 }
 
 fn smollm2() -> TestServer {
-    let path = qwen().with_file_name("smollm2-135m.gguf");
-    assert!(path.exists(), "run `mtpx pull smollm2-135m` first");
+    let path = pulled_model("smollm2-135m");
     let engine = EngineConfig {
         context_window: Some(2048),
         kv_memory: KvMemory::Bytes(128 << 20),

@@ -18,7 +18,6 @@ use super::tool_calls::{Piece, ToolCallParser};
 use super::types::*;
 use super::AppState;
 use crate::engine::EngineEvent;
-use crate::sampling::OutputFormat;
 use crate::scheduler::Usage as EngineUsage;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -83,15 +82,8 @@ pub async fn chat_completions(
         request.top_logprobs.unwrap_or(0),
         session,
     )?;
-    if let Some(grammar) = &prompt.forced_grammar {
-        if plan.format.is_some() {
-            return Err(ApiError::invalid(
-                Some("response_format"),
-                "a JSON `response_format` cannot apply to a reply that `tool_choice` forces to \
-                 be a tool call; drop one of the two",
-            ));
-        }
-        plan.format = Some(OutputFormat::ToolCalls(grammar.clone()));
+    if let Some(grammar) = prompt.forced_grammar.clone() {
+        plan.force_tool_calls(grammar)?;
     }
     let streams = submit_all(engine, &plan).await?;
     let ctx = ChatContext {

@@ -42,6 +42,25 @@ pub struct Plan {
     pub format_param: &'static str,
 }
 
+impl Plan {
+    /// Constrains the reply to the grammar of the calls `tool_choice` forces (see
+    /// `tool_grammar`); refused when the request already constrains its output otherwise.
+    pub fn force_tool_calls(&mut self, grammar: String) -> Result<(), ApiError> {
+        if self.format.is_some() {
+            let field = self.format_param;
+            return Err(ApiError::invalid(
+                Some(field),
+                format!(
+                    "`{field}` cannot apply to a reply that `tool_choice` forces to be a tool \
+                     call; drop one of the two"
+                ),
+            ));
+        }
+        self.format = Some(OutputFormat::ToolCalls(grammar));
+        Ok(())
+    }
+}
+
 /// The `response_format` field: plain text (`None`), any JSON object, or JSON valid against a
 /// schema (compiled, and refused if invalid, when the request is submitted).
 pub fn output_format(format: Option<&serde_json::Value>) -> Result<Option<OutputFormat>, ApiError> {

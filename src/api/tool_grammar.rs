@@ -8,6 +8,7 @@
 //! completions already end the prompt with the start of the call (`ChatPrompt::forced_prefix`),
 //! so their grammar begins where that prefix stops.
 
+use crate::sampling::bound_whitespace;
 use serde_json::{json, Value};
 
 /// How much of the first call the prompt already holds.
@@ -71,20 +72,13 @@ pub fn forced_calls(
 }
 
 /// The schema the arguments must follow: the tool's `parameters`, or any object without one.
-/// Whitespace inside is bounded as for `response_format` (see `OutputFormat`).
+/// Whitespace inside is bounded as for `response_format`.
 fn arguments_schema(parameters: Option<&Value>) -> Value {
     let mut schema = match parameters {
         Some(p) if p.is_object() => p.clone(),
         _ => json!({"type": "object"}),
     };
-    let object = schema.as_object_mut().expect("an object");
-    object.entry("x-guidance").or_insert_with(|| {
-        json!({
-            "whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}",
-            "item_separator": ",",
-            "key_separator": ":",
-        })
-    });
+    bound_whitespace(&mut schema);
     schema
 }
 

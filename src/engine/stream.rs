@@ -36,31 +36,34 @@ struct HeldToken {
     start: usize,
 }
 
-/// The held tokens to send with the first `cut` bytes of the held text: those whose text
-/// starts there. The rest are re-based to the text that stays held.
-fn release(held: &mut Vec<HeldToken>, cut: usize) -> Vec<HeldToken> {
-    let n = held.iter().take_while(|t| t.start < cut).count();
+/// The held tokens to send with `emitted` bytes of text, once `split_at_stop` has taken them
+/// and left `still_held` bytes. All text out: all tokens go (those with no text of their own
+/// too). Otherwise the tokens whose text starts in what was emitted go; the ones that spell
+/// only the held text stay (and are dropped with it when it was a matched stop string).
+fn release(
+    held: &mut Vec<HeldToken>,
+    emitted: usize,
+    still_held: usize,
+    stopped: bool,
+) -> Vec<HeldToken> {
+    if !stopped && still_held == 0 {
+        return std::mem::take(held);
+    }
+    let n = held.iter().take_while(|t| t.start < emitted).count();
     let released: Vec<HeldToken> = held.drain(..n).collect();
     for t in held.iter_mut() {
-        t.start -= cut;
+        t.start -= emitted;
     }
     released
 }
 
 fn delta(text: String, tokens: Vec<HeldToken>) -> EngineEvent {
-    let mut d = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for t in tokens {
-        d.0.push(t.token_id);
-        d.1.push(t.logprob);
-        d.2.push(t.top_logprobs);
-        d.3.push(t.draft_depth);
-    }
     EngineEvent::Delta {
         text,
-        token_ids: d.0,
-        logprobs: d.1,
-        top_logprobs: d.2,
-        draft_depths: d.3,
+        token_ids: tokens.iter().map(|t| t.token_id).collect(),
+        logprobs: tokens.iter().map(|t| t.logprob).collect(),
+        draft_depths: tokens.iter().map(|t| t.draft_depth).collect(),
+        top_logprobs: tokens.into_iter().map(|t| t.top_logprobs).collect(),
     }
 }
 
@@ -99,14 +102,7 @@ impl StreamTask {
                     });
                     held.push_str(&text);
                     let (emit, stopped) = self.split_at_stop(&mut held, false);
-                    // All text out: all tokens go (those with no text of their own too).
-                    // Otherwise the held text may spell a stop string, and the tokens that
-                    // spell only it stay (and are dropped with it when it matched).
-                    let tokens = if !stopped && held.is_empty() {
-                        std::mem::take(&mut held_tokens)
-                    } else {
-                        release(&mut held_tokens, emit.len())
-                    };
+                    let tokens = release(&mut held_tokens, emit.len(), held.len(), stopped);
                     if (!emit.is_empty() || !tokens.is_empty())
                         && self.to_client.send(delta(emit, tokens)).is_err()
                     {
@@ -134,10 +130,7 @@ impl StreamTask {
                 SeqEvent::Finished { reason, usage } => {
                     held.push_str(&self.detokenize(Vec::new(), true).await);
                     let (emit, stopped) = self.split_at_stop(&mut held, true);
-                    let tokens = match stopped {
-                        true => release(&mut held_tokens, emit.len()),
-                        false => std::mem::take(&mut held_tokens),
-                    };
+                    let tokens = release(&mut held_tokens, emit.len(), held.len(), stopped);
                     if !emit.is_empty() || !tokens.is_empty() {
                         let _ = self.to_client.send(delta(emit, tokens));
                     }

@@ -37,13 +37,12 @@ pub enum OutputFormat {
 }
 
 impl OutputFormat {
-    /// The request field a refusal of this format names.
+    /// The request field a refusal of this format names: `tools` for forced tool calls, else
+    /// `response_format` (the API layer renames it to the field the format came from).
     pub fn param(&self) -> &'static str {
         match self {
-            OutputFormat::JsonObject | OutputFormat::JsonSchema(_) => "response_format",
-            OutputFormat::Regex(_) => "guided_regex",
-            OutputFormat::Choice(_) => "guided_choice",
             OutputFormat::ToolCalls(_) => "tools",
+            _ => "response_format",
         }
     }
 
@@ -62,19 +61,23 @@ impl OutputFormat {
                 return TopLevelGrammar::from_lark(format!("start: {}", literals.join(" | ")));
             }
         };
-        // Whitespace between JSON tokens is free (so models write the JSON they are used to)
-        // but bounded: an unbounded run lets a small model pad with newlines until
-        // `max_tokens`, a failure llama.cpp's JSON grammar also bounds against.
-        if let Some(object) = schema.as_object_mut() {
-            object.entry("x-guidance").or_insert_with(|| {
-                serde_json::json!({
-                    "whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}",
-                    "item_separator": ",",
-                    "key_separator": ":",
-                })
-            });
-        }
+        bound_whitespace(&mut schema);
         TopLevelGrammar::from_json_schema(schema)
+    }
+}
+
+/// Whitespace between JSON tokens is free (so models write the JSON they are used to) but
+/// bounded: an unbounded run lets a small model pad with newlines until `max_tokens`, a failure
+/// llama.cpp's JSON grammar also bounds against. A schema's own `x-guidance` options win.
+pub fn bound_whitespace(schema: &mut serde_json::Value) {
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}",
+                "item_separator": ",",
+                "key_separator": ":",
+            })
+        });
     }
 }
 

@@ -179,15 +179,9 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     let mut plan = generate::plan(&params, prompt, false, 0, session)?;
     let format = req.text.as_ref().and_then(|t| t.get("format")).cloned();
     plan.format = text_format(format.as_ref())?;
+    plan.format_param = "text.format";
     if let Some(grammar) = forced_grammar {
-        if plan.format.is_some() {
-            return Err(ApiError::invalid(
-                Some("text.format"),
-                "a JSON `text.format` cannot apply to a reply that `tool_choice` forces to be a \
-                 tool call; drop one of the two",
-            ));
-        }
-        plan.format = Some(OutputFormat::ToolCalls(grammar));
+        plan.force_tool_calls(grammar)?;
     }
     let template = ResponseObject {
         id: id.clone(),
@@ -231,7 +225,6 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
 /// An engine refusal, naming this endpoint's fields.
 fn renamed(e: ApiError) -> ApiError {
     e.with_param_renamed("messages", "input")
-        .with_param_renamed("response_format", "text.format")
 }
 
 /// Submits the job. When its conversation's session is busy (two continuations of the same
