@@ -92,7 +92,7 @@ pub async fn completions(
 
 /// `prompt` + `suffix` as the model's fill-in-the-middle prompt: it writes what goes between
 /// them (and ends with its end-of-text token).
-fn fill_in_the_middle(
+pub(crate) fn fill_in_the_middle(
     prompt: Prompt,
     suffix: &str,
     fim: Option<&FimTokens>,

@@ -20,6 +20,7 @@
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
+//! | `POST /api/chat`, `/api/generate`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
 //! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
 //! | `GET /openapi.json` | [`openapi`] |
 //!
@@ -39,6 +40,7 @@ pub mod generate;
 pub mod health;
 pub mod metrics;
 pub mod models;
+pub mod ollama;
 pub mod openapi;
 pub mod playground;
 pub mod responses;
@@ -293,6 +295,29 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         "POST",
                         [web::post().to(tokens::detokenize)],
                     ))
+                    .service(endpoint(
+                        "/api/chat",
+                        "POST",
+                        [web::post().to(ollama::chat)],
+                    ))
+                    .service(endpoint(
+                        "/api/generate",
+                        "POST",
+                        [web::post().to(ollama::generate)],
+                    ))
+                    .service(endpoint(
+                        "/api/show",
+                        "POST",
+                        [web::post().to(ollama::show)],
+                    ))
+                    .service(endpoint("/api/tags", "GET", [web::get().to(ollama::tags)]))
+                    .service(endpoint("/api/ps", "GET", [web::get().to(ollama::ps)]))
+                    .service(endpoint(
+                        "/api/version",
+                        "GET",
+                        [web::get().to(ollama::version)],
+                    ))
+                    .service(web::resource("/api/{rest:.*}").to(ollama::unsupported))
                     .default_service(web::to(not_found)),
             );
     }

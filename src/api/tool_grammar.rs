@@ -8,7 +8,7 @@
 //! completions already end the prompt with the start of the call (`ChatPrompt::forced_prefix`),
 //! so their grammar begins where that prefix stops.
 
-use crate::sampling::bound_whitespace;
+use crate::sampling::prepare_json_schema;
 use serde_json::{json, Value};
 
 /// How much of the first call the prompt already holds.
@@ -78,7 +78,7 @@ fn arguments_schema(parameters: Option<&Value>) -> Value {
         Some(p) if p.is_object() => p.clone(),
         _ => json!({"type": "object"}),
     };
-    bound_whitespace(&mut schema);
+    prepare_json_schema(&mut schema);
     schema
 }
 

@@ -102,6 +102,9 @@ pub struct EngineInfo {
     pub fim: Option<crate::model::FimTokens>,
     /// At start-up: a draft-model step relative to a target decode step.
     pub draft_cost: Option<f64>,
+    /// What the model file says about itself (architecture, size, quantization, template).
+    #[serde(skip)]
+    pub facts: crate::model::ModelFacts,
 }
 
 /// A sampling parameter's refusal, naming the field.
@@ -220,6 +223,7 @@ impl Engine {
         }
         let info = EngineInfo {
             fim: bundle.fim_tokens(),
+            facts: bundle.facts.clone(),
             model_path: bundle.path.display().to_string(),
             context_window,
             model_context_length: model_ctx,

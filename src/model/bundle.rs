@@ -35,6 +35,71 @@ pub struct ModelBundle {
     pub template: Option<ChatTemplate>,
     /// Tokens that end a reply: the file's eos plus the chat end-of-turn markers it has.
     pub stop_token_ids: Vec<u32>,
+    pub facts: ModelFacts,
+}
+
+/// What the GGUF file says about the model, for clients that ask (`/api/show`, `/api/tags`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ModelFacts {
+    /// `general.architecture` (`qwen2`, `llama`, ...).
+    pub architecture: String,
+    /// Elements of every tensor in the file (MTP heads included).
+    pub parameter_count: u64,
+    /// llama.cpp's name for `general.file_type` (`Q4_K_M`, ...), when the file gives one.
+    pub quantization: Option<String>,
+    /// The Jinja chat template, when the file has one.
+    pub chat_template: Option<String>,
+    /// Bytes of the file.
+    pub file_bytes: u64,
+}
+
+impl ModelFacts {
+    fn of(path: &Path, content: &Content) -> Self {
+        let string = |key: &str| match content.metadata.get(key) {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let file_type = match content.metadata.get("general.file_type") {
+            Some(Value::U32(t)) => Some(*t),
+            Some(Value::I32(t)) => u32::try_from(*t).ok(),
+            _ => None,
+        };
+        Self {
+            architecture: string("general.architecture").unwrap_or_default(),
+            parameter_count: content
+                .tensor_infos
+                .values()
+                .map(|t| t.shape.elem_count() as u64)
+                .sum(),
+            quantization: file_type.and_then(file_type_name).map(str::to_string),
+            chat_template: string("tokenizer.chat_template"),
+            file_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+        }
+    }
+}
+
+/// llama.cpp's `LLAMA_FTYPE_MOSTLY_*` names for `general.file_type`.
+fn file_type_name(file_type: u32) -> Option<&'static str> {
+    Some(match file_type {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => return None,
+    })
 }
 
 impl ModelBundle {
@@ -53,6 +118,7 @@ impl ModelBundle {
         let template = ChatTemplate::from_gguf(&content)?;
         let stop_token_ids = stop_token_ids(&content, &tokenizer);
         Ok(Self {
+            facts: ModelFacts::of(path, &content),
             path: path.to_path_buf(),
             transformer,
             tokenizer,

@@ -8,6 +8,6 @@ pub mod test_model;
 pub mod transformer;
 pub mod weights;
 
-pub use bundle::{FimTokens, ModelBundle};
+pub use bundle::{FimTokens, ModelBundle, ModelFacts};
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use transformer::Transformer;

@@ -61,15 +61,22 @@ impl OutputFormat {
                 return TopLevelGrammar::from_lark(format!("start: {}", literals.join(" | ")));
             }
         };
-        bound_whitespace(&mut schema);
+        prepare_json_schema(&mut schema);
         TopLevelGrammar::from_json_schema(schema)
     }
 }
 
+/// A JSON Schema as the grammar compiles it: objects closed ([`close_objects`]) and whitespace
+/// bounded. A schema's own `x-guidance` options win.
+pub fn prepare_json_schema(schema: &mut serde_json::Value) {
+    close_objects(schema);
+    bound_whitespace(schema);
+}
+
 /// Whitespace between JSON tokens is free (so models write the JSON they are used to) but
 /// bounded: an unbounded run lets a small model pad with newlines until `max_tokens`, a failure
-/// llama.cpp's JSON grammar also bounds against. A schema's own `x-guidance` options win.
-pub fn bound_whitespace(schema: &mut serde_json::Value) {
+/// llama.cpp's JSON grammar also bounds against.
+fn bound_whitespace(schema: &mut serde_json::Value) {
     if let Some(object) = schema.as_object_mut() {
         object.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({
@@ -78,6 +85,70 @@ pub fn bound_whitespace(schema: &mut serde_json::Value) {
                 "key_separator": ":",
             })
         });
+    }
+}
+
+/// Keywords whose value is a subschema, and those whose value maps names or positions to
+/// subschemas (`allOf` is left out on purpose: see [`close_objects`]).
+const SUBSCHEMA: [&str; 9] = [
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "additionalProperties",
+    "unevaluatedItems",
+];
+const SUBSCHEMA_MAPS: [&str; 5] = [
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+];
+const SUBSCHEMA_LISTS: [&str; 3] = ["anyOf", "oneOf", "prefixItems"];
+
+/// An object schema that lists `properties` but says nothing of others admits only those (as
+/// llama.cpp's grammars, vLLM's xgrammar and Ollama read schemas): JSON Schema's default
+/// (any other property too) lets a small model add made-up keys until `max_tokens`, and no
+/// client that sends a schema wants keys it did not declare. `additionalProperties: true` (or
+/// `patternProperties`, `unevaluatedProperties`) keeps them open. The branches of an `allOf`
+/// are not closed one by one, since each would then refuse the others' properties.
+pub fn close_objects(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Some(object) = schema.as_object_mut() else {
+        if let Value::Array(items) = schema {
+            // `items` as a list (draft 4 tuples).
+            items.iter_mut().for_each(close_objects);
+        }
+        return;
+    };
+    let open = [
+        "additionalProperties",
+        "patternProperties",
+        "unevaluatedProperties",
+    ]
+    .iter()
+    .any(|k| object.contains_key(*k));
+    if object.get("properties").is_some_and(Value::is_object) && !open {
+        object.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in SUBSCHEMA {
+        if let Some(sub) = object.get_mut(key) {
+            close_objects(sub);
+        }
+    }
+    for key in SUBSCHEMA_MAPS {
+        if let Some(Value::Object(map)) = object.get_mut(key) {
+            map.values_mut().for_each(close_objects);
+        }
+    }
+    for key in SUBSCHEMA_LISTS {
+        if let Some(Value::Array(list)) = object.get_mut(key) {
+            list.iter_mut().for_each(close_objects);
+        }
     }
 }
 
@@ -213,4 +284,40 @@ impl TokenConstraint {
 
 fn failed(e: anyhow::Error) -> SamplingError {
     SamplingError::Constraint(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::close_objects;
+    use serde_json::json;
+
+    #[test]
+    fn objects_with_properties_are_closed_wherever_they_nest() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "properties": {"type": "object", "properties": {"a": {"type": "string"}}},
+                "tags": {"type": "array", "items": {"properties": {"b": {}}}},
+                "maybe": {"anyOf": [{"$ref": "#/$defs/Inner"}, {"type": "null"}]},
+                "free": {"type": "object", "properties": {"c": {}}, "additionalProperties": true},
+                "map": {"type": "object"},
+            },
+            "$defs": {"Inner": {"type": "object", "properties": {"d": {}}}},
+            "allOf": [{"properties": {"e": {}}}],
+        });
+        close_objects(&mut schema);
+        assert_eq!(schema["additionalProperties"], json!(false));
+        let props = &schema["properties"];
+        // A property named `properties` is a property, not a keyword.
+        assert!(props.get("additionalProperties").is_none());
+        assert_eq!(props["properties"]["additionalProperties"], json!(false));
+        assert_eq!(props["tags"]["items"]["additionalProperties"], json!(false));
+        assert_eq!(
+            schema["$defs"]["Inner"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(props["free"]["additionalProperties"], json!(true));
+        assert!(props["map"].get("additionalProperties").is_none());
+        assert!(schema["allOf"][0].get("additionalProperties").is_none());
+    }
 }

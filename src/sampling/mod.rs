@@ -46,7 +46,7 @@ mod select;
 #[cfg(test)]
 mod stats_tests;
 
-pub use constraint::{bound_whitespace, Grammars, OutputFormat, TokenConstraint};
+pub use constraint::{prepare_json_schema, Grammars, OutputFormat, TokenConstraint};
 pub use distribution::Distribution;
 pub use params::{SamplingParams, SamplingParamsError, BAN_BIAS, MAX_TOP_LOGPROBS};
 pub use penalties::TokenHistory;
