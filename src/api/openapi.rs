@@ -1,6 +1,7 @@
 //! `GET /openapi.json`: an OpenAPI 3 description of every route, generated from the wire types
 //! and the handlers' `#[utoipa::path]` annotations (fuzzers and SDK generators read it).
 
+use super::ollama::{self, OllamaErrorBody};
 use super::responses::{self, types::*};
 use super::{chat, completions, health, metrics, models, stats, tokens, types::*, ws};
 use actix_web::HttpResponse;
@@ -11,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(
         title = "mtpx",
-        description = "OpenAI-compatible inference server for coding agents and chat. With an API key configured, every route but /health, /metrics and /openapi.json needs `Authorization: Bearer KEY` or `X-API-Key: KEY`."
+        description = "OpenAI-compatible inference server for coding agents and chat (Ollama's /api routes too). With an API key configured, every route but /health, /metrics and /openapi.json needs `Authorization: Bearer KEY` or `X-API-Key: KEY`."
     ),
     paths(
         chat::chat_completions,
@@ -28,6 +29,12 @@ use utoipa::{Modify, OpenApi};
         stats::stats,
         health::health,
         metrics::metrics,
+        ollama::chat,
+        ollama::generate,
+        ollama::show,
+        ollama::tags,
+        ollama::ps,
+        ollama::version,
     ),
     components(schemas(
         ChatCompletionRequest, ChatMessage, Role, MessageContent, ContentPart, Tool, FunctionDef,
@@ -40,6 +47,7 @@ use utoipa::{Modify, OpenApi};
         CountResponse, ErrorResponse, ErrorBody, HealthResponse, DepthAcceptance,
         ResponsesRequest, Input, ResponseObject, IncompleteDetails, ResponseUsage,
         InputTokensDetails, OutputTokensDetails, OutputItem, OutputContent, ResponseEvent,
+        OllamaErrorBody,
     )),
     modifiers(&Security),
     security(("bearer" = []), ("api_key" = []))
@@ -92,6 +100,12 @@ mod tests {
             ("post", "/detokenize"),
             ("get", "/health"),
             ("get", "/metrics"),
+            ("post", "/api/chat"),
+            ("post", "/api/generate"),
+            ("post", "/api/show"),
+            ("get", "/api/tags"),
+            ("get", "/api/ps"),
+            ("get", "/api/version"),
         ] {
             assert!(
                 doc["paths"][path][method].is_object(),

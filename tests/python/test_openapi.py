@@ -31,6 +31,12 @@ def test_openapi_document_is_valid_and_complete(server_url):
         ("POST", "/detokenize"),
         ("GET", "/health"),
         ("GET", "/metrics"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/generate"),
+        ("POST", "/api/show"),
+        ("GET", "/api/tags"),
+        ("GET", "/api/ps"),
+        ("GET", "/api/version"),
     ]:
         assert route in described, f"{route} is not in /openapi.json"
     # Every described GET without path parameters really answers (no stale entries).

@@ -63,11 +63,19 @@ impl ResponseError for OllamaError {
         if let Some(seconds) = self.0.retry_after_s {
             res.insert_header((header::RETRY_AFTER, seconds.to_string()));
         }
-        res.json(json!({"error": self.0.message}))
+        res.json(OllamaErrorBody {
+            error: self.0.message.clone(),
+        })
     }
 }
 
 type Reply = Result<HttpResponse, OllamaError>;
+
+/// Ollama's error body.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct OllamaErrorBody {
+    pub error: String,
+}
 
 /// OpenAI field names in refusals → the Ollama fields they came from.
 fn ollama_param(mut e: ApiError) -> ApiError {
@@ -144,7 +152,15 @@ fn load_reply(body: &Value, model: String, endpoint: Endpoint) -> HttpResponse {
     HttpResponse::Ok().json(line)
 }
 
-/// `POST /api/chat`.
+/// Ollama's chat: NDJSON lines (`stream`, default true) or one object.
+#[utoipa::path(post, path = "/api/chat", request_body(content = Object, description = "Ollama's chat request: `model`, `messages`, `tools`, `format`, `options`, `stream`"),
+    params(("X-Session-Id" = Option<String>, Header, description = "Continue a persistent session (its KV is reused)")),
+    responses(
+        (status = 200, description = "`application/x-ndjson` lines, the last with `\"done\": true`; or one object with `stream: false`", body = Object),
+        (status = 400, description = "Invalid request, or a prompt over the window", body = OllamaErrorBody),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody),
+        (status = 503, description = "Overloaded or loading", body = OllamaErrorBody),
+    ))]
 pub async fn chat(
     auth: Result<Authorized, ApiError>,
     req: HttpRequest,
@@ -176,6 +192,12 @@ pub async fn chat(
     Ok(respond(&req, state, ctx, events, stream).await?)
 }
 
+#[utoipa::path(post, path = "/api/generate", request_body(content = Object, description = "Ollama's generate request: `prompt`, `suffix`, `system`, `raw`, `format`, `options`, `stream`"),
+    responses(
+        (status = 200, description = "`application/x-ndjson` lines with `response` text, or one object", body = Object),
+        (status = 400, description = "Invalid request, or a prompt over the window", body = OllamaErrorBody),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody),
+    ))]
 /// `POST /api/generate`: a prompt rendered through the chat template with an optional
 /// `system`, or sent as is (`raw`), or with `suffix` as fill-in-the-middle.
 pub async fn generate(
@@ -313,12 +335,14 @@ async fn respond(
 }
 
 /// `GET /api/tags`: the served model.
+#[utoipa::path(get, path = "/api/tags", responses((status = 200, description = "`{\"models\": [...]}`", body = Object)))]
 pub async fn tags(auth: Result<Authorized, ApiError>, state: web::Data<AppState>) -> Reply {
     auth?;
     Ok(HttpResponse::Ok().json(json!({"models": [model_entry(&state)?]})))
 }
 
 /// `GET /api/ps`: the served model, loaded until the server stops.
+#[utoipa::path(get, path = "/api/ps", responses((status = 200, description = "`{\"models\": [...]}` with `context_length`", body = Object)))]
 pub async fn ps(auth: Result<Authorized, ApiError>, state: web::Data<AppState>) -> Reply {
     auth?;
     let mut entry = model_entry(&state)?;
@@ -329,13 +353,19 @@ pub async fn ps(auth: Result<Authorized, ApiError>, state: web::Data<AppState>) 
     Ok(HttpResponse::Ok().json(json!({"models": [entry]})))
 }
 
-/// `GET /api/version`.
+/// `GET /api/version`: the Ollama API release followed.
+#[utoipa::path(get, path = "/api/version", responses((status = 200, description = "`{\"version\": \"0.12.6\"}`", body = Object)))]
 pub async fn version() -> HttpResponse {
     HttpResponse::Ok().json(json!({"version": OLLAMA_API_VERSION}))
 }
 
 /// `POST /api/show`: details, the chat template, and under `model_info` the context length
 /// clients size their prompts by (the window the server enforces).
+#[utoipa::path(post, path = "/api/show", request_body(content = Object, description = "`{\"model\": name}`"),
+    responses(
+        (status = 200, description = "details, template, `model_info`, `capabilities`", body = Object),
+        (status = 404, description = "Unknown model", body = OllamaErrorBody),
+    ))]
 pub async fn show(
     auth: Result<Authorized, ApiError>,
     req: HttpRequest,
