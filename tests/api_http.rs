@@ -336,13 +336,47 @@ async fn text_completions_take_strings_and_token_ids() {
         &joined, lp,
         "streamed logprobs differ from the non-streamed ones"
     );
-    for (field, value) in [("echo", json!(true)), ("suffix", json!("}"))] {
-        let mut bad = base.clone();
-        bad[field] = value;
-        let reply = post(&url, &bad).await;
-        assert_eq!(reply.status, 400);
-        assert_eq!(reply.error()["param"], field);
+    // `echo`: the prompt comes first, its tokens scored too (the first one's logprob null).
+    let mut echoed = by_ids.clone();
+    echoed["echo"] = json!(true);
+    let out = post(&url, &echoed).await.json();
+    let echoed_text = out["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(echoed_text, format!("function update(v) {{{text}"));
+    let elp = &out["choices"][0]["logprobs"];
+    let num_prompt = by_ids["prompt"].as_array().unwrap().len();
+    let tokens = elp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), num_prompt + 10);
+    assert!(elp["token_logprobs"][0].is_null());
+    assert_eq!(tokens[num_prompt..], lp["tokens"].as_array().unwrap()[..]);
+    assert_eq!(
+        elp["token_logprobs"].as_array().unwrap()[num_prompt..],
+        lp["token_logprobs"].as_array().unwrap()[..]
+    );
+    let offset = elp["text_offset"][num_prompt].as_u64().unwrap() as usize;
+    assert_eq!(offset, "function update(v) {".len());
+    let mut echoed_streamed = echoed.clone();
+    echoed_streamed["stream"] = json!(true);
+    let events = post(&url, &echoed_streamed).await.events();
+    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [],
+        "text_offset": []});
+    for chunk in events
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["logprobs"].as_object())
+    {
+        for (field, values) in chunk {
+            let all = joined[field.as_str()].as_array_mut().unwrap();
+            all.extend(values.as_array().unwrap().iter().cloned());
+        }
     }
+    assert_eq!(
+        &joined, elp,
+        "streamed echo differs from the non-streamed one"
+    );
+    let mut bad = base.clone();
+    bad["suffix"] = json!("}");
+    let reply = post(&url, &bad).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.error()["param"], "suffix");
     s.stop().await;
 }
 

@@ -201,3 +201,93 @@ async fn a_suffix_makes_qwen_fill_in_the_middle() {
     assert_eq!(reply.status, 400, "{}", reply.text());
     assert_eq!(reply.error()["param"], "prompt");
 }
+
+/// The log-likelihood of `continuation` after `context`, as evaluation harnesses (lm-eval's
+/// `local-completions`) ask for it: the whole text with `echo`, `logprobs: 1`, `max_tokens: 1`,
+/// summing the prompt tokens that start inside the continuation.
+async fn loglikelihood(url: &str, context: &str, continuation: &str) -> (f64, Value) {
+    let prompt = format!("{context}{continuation}");
+    let reply = post(
+        url,
+        &json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 1,
+                "temperature": 0}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let r = reply.json();
+    let lp = &r["choices"][0]["logprobs"];
+    let offsets = lp["text_offset"].as_array().unwrap();
+    let sum = offsets
+        .iter()
+        .zip(lp["token_logprobs"].as_array().unwrap())
+        .filter(|(o, _)| (context.len()..prompt.len()).contains(&(o.as_u64().unwrap() as usize)))
+        .map(|(_, l)| l.as_f64().unwrap())
+        .sum();
+    (sum, r)
+}
+
+#[actix_rt::test]
+async fn echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask() {
+    let s = server(4096);
+    let url = s.at("/v1/completions");
+    let context = "The capital of France is";
+    let (paris, r) = loglikelihood(&url, context, " Paris").await;
+    let (berlin, _) = loglikelihood(&url, context, " Berlin").await;
+    let (london, _) = loglikelihood(&url, context, " London").await;
+    assert!(
+        paris > berlin + 2.0 && paris > london + 2.0,
+        "{paris} {berlin} {london}"
+    );
+    assert!(paris > -1.0, "{paris}");
+    // The text is the prompt and the completion; one entry per prompt token, then the
+    // generated one; the first prompt token has no logprob; offsets index into the text.
+    let choice = &r["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("The capital of France is Paris"),
+        "{text:?}"
+    );
+    let lp = &choice["logprobs"];
+    let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), prompt_tokens + 1);
+    assert!(lp["token_logprobs"][0].is_null());
+    assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let tokens = lp["tokens"].as_array().unwrap();
+    for (token, offset) in tokens.iter().zip(lp["text_offset"].as_array().unwrap()) {
+        let (token, offset) = (token.as_str().unwrap(), offset.as_u64().unwrap() as usize);
+        assert_eq!(&text[offset..offset + token.len()], token, "{lp}");
+    }
+
+    // Streamed: the prompt with its scores comes first, then the generated tokens.
+    let reply = post(
+        &url,
+        &json!({"prompt": "def add(a, b):", "echo": true, "logprobs": 0, "max_tokens": 4,
+                "temperature": 0, "stream": true}),
+    )
+    .await;
+    let events = reply.events();
+    let first = &events[0]["choices"][0];
+    assert_eq!(first["text"], "def add(a, b):");
+    assert!(first["logprobs"]["token_logprobs"][0].is_null());
+    let scored = first["logprobs"]["token_logprobs"].as_array().unwrap();
+    assert!(
+        scored[1..].iter().all(|l| l.as_f64().unwrap() < 0.0),
+        "{first}"
+    );
+    let whole = post(
+        &url,
+        &json!({"prompt": "def add(a, b):", "echo": true, "max_tokens": 4, "temperature": 0}),
+    )
+    .await
+    .json();
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["text"].as_str())
+        .collect();
+    assert_eq!(streamed, whole["choices"][0]["text"].as_str().unwrap());
+    assert!(streamed.starts_with("def add(a, b):") && streamed.len() > 14);
+
+    let reply = post(&url, &json!({"prompt": "x", "echo": true, "suffix": "y"})).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.error()["param"], "echo");
+}

@@ -221,6 +221,59 @@ async fn a_shared_2000_token_prefix_is_prefilled_once() {
 }
 
 #[actix_rt::test]
+async fn a_scored_prompt_gives_each_token_the_logprob_decoding_gave_it() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    // The reference: tokens decoded one row at a time, with their log-probabilities (no bias:
+    // scores are of the model's own distribution).
+    let prompt = token_ids(41, 508);
+    let mut req = greedy_with_logprobs(prompt.clone(), 12);
+    req.sampling.logit_bias.clear();
+    let decoded = run(&t.engine, req).await;
+    let n = decoded.token_ids.len();
+    assert!(n >= 6, "too few tokens to compare: {:?}", decoded.token_ids);
+    // The same tokens as one prompt, scored: prefilled in chunks of 512 rows (the decoded part
+    // straddles the boundary), although the prefix cache holds the first 508 tokens.
+    let mut whole = prompt.clone();
+    whole.extend(&decoded.token_ids);
+    let mut req = greedy_tokens(whole.clone(), 1);
+    req.prompt_logprobs = Some(3);
+    let scored = run(&t.engine, req).await;
+    assert!(scored.error.is_none(), "{:?}", scored.error);
+    assert_eq!(
+        scored.cached_tokens, 0,
+        "a scored prompt is computed in full"
+    );
+    let (ids, logprobs, top) = scored.prompt_logprobs.expect("the prompt was scored");
+    assert_eq!(ids, whole);
+    assert_eq!((logprobs.len(), top.len()), (whole.len(), whole.len()));
+    assert!(logprobs[0].is_none() && top[0].is_empty());
+    for (pos, (lp, alts)) in logprobs.iter().zip(&top).enumerate().skip(1) {
+        let lp = lp.unwrap_or_else(|| panic!("position {pos} unscored"));
+        assert!(lp <= 0.0 && lp.is_finite(), "position {pos}: {lp}");
+        assert_eq!(alts.len(), 3);
+        assert!(alts.windows(2).all(|w| w[0].1 >= w[1].1), "{alts:?}");
+        assert!(
+            alts[0].1 >= lp - 1e-6,
+            "the best alternative is at least as likely"
+        );
+    }
+    for i in 0..n {
+        let pos = prompt.len() + i;
+        let (got, want) = (logprobs[pos].unwrap(), decoded.logprobs[i].unwrap());
+        assert!(
+            (got - want).abs() < 1e-3,
+            "token {i} at {pos}: {got} vs {want} decoding"
+        );
+        assert_eq!(
+            top[pos][0].0, whole[pos],
+            "greedy chose the most likely token"
+        );
+    }
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0, "no page leaks");
+}
+
+#[actix_rt::test]
 async fn requests_that_cannot_fit_are_refused_before_inference() {
     let capped = EngineConfig {
         context_window: Some(1000),

@@ -313,7 +313,7 @@ impl ChatStream {
             return;
         }
         match event {
-            EngineEvent::Started { .. } => {}
+            EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. } => {}
             EngineEvent::Delta {
                 text,
                 token_ids,

@@ -1,13 +1,15 @@
 //! `POST /v1/completions` (the legacy text endpoint): a prompt string or token ids, streamed
 //! and not. A non-empty `suffix` makes it a fill-in-the-middle request (the model's FIM
-//! tokens around `prompt` and `suffix`; a model without them gets a 400). `echo` is refused
-//! with a 400 naming it; several prompts in one request are refused too (send one request per
-//! prompt).
+//! tokens around `prompt` and `suffix`; a model without them gets a 400). `echo` puts the
+//! prompt before the completion, and with `logprobs` scores the prompt's own tokens as well
+//! (the first token's logprob is null), which is how evaluation harnesses compute a text's
+//! log-likelihood; the prompt is then computed in full, without the prefix cache. Several
+//! prompts in one request are refused (send one request per prompt).
 
 use super::auth::Authorized;
 use super::disconnect::Peer;
 use super::errors::{from_value, read_json_object, ApiError};
-use super::generate::{self, collect_all, finish_reason, submit_all, Collected};
+use super::generate::{self, collect_all, finish_reason, submit_all, Collected, PromptScores};
 use super::metrics::TokenClock;
 use super::sse;
 use super::types::*;
@@ -44,19 +46,29 @@ pub async fn completions(
     let request: CompletionRequest = from_value(&value)?;
     state.check_model(params.model.as_deref())?;
     let engine = state.engine()?;
-    if request.echo == Some(true) {
+    let echo = request.echo == Some(true);
+    let suffix = request.suffix.filter(|s| !s.is_empty());
+    if echo && suffix.is_some() {
         return Err(ApiError::invalid(
             Some("echo"),
-            "`echo` is not supported by this server",
+            "`echo` cannot be combined with `suffix` (fill-in-the-middle)",
         ));
     }
     let mut prompt = prompt_of(request.prompt, engine.info().vocab_size)?;
-    if let Some(suffix) = request.suffix.filter(|s| !s.is_empty()) {
+    let echo_text = match (&prompt, echo) {
+        (_, false) => None,
+        (Prompt::Text(text), true) => Some(text.clone()),
+        (Prompt::Tokens(ids), true) => {
+            Some((state.detokenizer()?)(ids).map_err(ApiError::internal)?)
+        }
+        (_, true) => None,
+    };
+    if let Some(suffix) = suffix {
         prompt = fill_in_the_middle(prompt, &suffix, engine.info().fim.as_ref())?;
     }
     let session = generate::session_key(&req, &auth.scope)?;
     let logprobs = request.logprobs.is_some();
-    let plan = generate::plan(
+    let mut plan = generate::plan(
         &params,
         prompt,
         logprobs,
@@ -69,6 +81,9 @@ pub async fn completions(
         }
         e
     })?;
+    if echo && logprobs {
+        plan.prompt_logprobs = Some(request.logprobs.unwrap_or(0) as usize);
+    }
     let streams = submit_all(engine, &plan)
         .await
         .map_err(|e| e.with_param_renamed("messages", "prompt"))?;
@@ -79,7 +94,12 @@ pub async fn completions(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        let frames = text_frames(state.clone(), id, created, streams, include_usage, logprobs);
+        let shape = TextShape {
+            include_usage,
+            logprobs,
+            echo: echo_text,
+        };
+        let frames = text_frames(state.clone(), id, created, streams, shape);
         return Ok(sse::response(
             frames,
             state.config.keep_alive,
@@ -87,7 +107,8 @@ pub async fn completions(
         ));
     }
     let collected = collect_all(streams, &state.metrics, Peer::of(&req)).await?;
-    Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs)))
+    let echo = echo_text.as_deref();
+    Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs, echo)))
 }
 
 /// `prompt` + `suffix` as the model's fill-in-the-middle prompt: it writes what goes between
@@ -136,6 +157,7 @@ fn response(
     created: u64,
     collected: Vec<Collected>,
     logprobs: bool,
+    echo: Option<&str>,
 ) -> CompletionResponse {
     let usages: Vec<EngineUsage> = collected.iter().map(|c| c.usage).collect();
     let usage = generate::usage(&usages);
@@ -144,15 +166,23 @@ fn response(
         usage.prompt_tokens_details.cached_tokens,
         usage.completion_tokens,
     );
+    let echoed = echo.unwrap_or("");
     let choices = collected
         .into_iter()
         .enumerate()
         .map(|(index, c)| CompletionChoice {
             index,
-            logprobs: logprobs
-                .then(|| text_logprobs(state, (&c.token_ids, &c.logprobs, &c.top_logprobs), 0).0),
+            logprobs: logprobs.then(|| {
+                let mut lp = match &c.prompt {
+                    Some(p) => text_logprobs(state, p.run(), 0).0,
+                    None => CompletionLogprobs::default(),
+                };
+                let run = (&c.token_ids[..], &c.logprobs[..], &c.top_logprobs[..]);
+                lp.append(text_logprobs(state, run, echoed.len()).0);
+                lp
+            }),
             finish_reason: c.finish.map(|r| finish_reason(r, false)),
-            text: c.text,
+            text: format!("{echoed}{}", c.text),
         })
         .collect();
     CompletionResponse {
@@ -167,7 +197,21 @@ fn response(
 }
 
 /// A run of tokens: their ids, logprobs and top alternatives.
-type TokenRun<'a> = (&'a [u32], &'a [Option<f32>], &'a [Vec<(u32, f32)>]);
+pub type TokenRun<'a> = (&'a [u32], &'a [Option<f32>], &'a [Vec<(u32, f32)>]);
+
+impl PromptScores {
+    fn run(&self) -> TokenRun<'_> {
+        (&self.token_ids, &self.logprobs, &self.top_logprobs)
+    }
+}
+
+/// What a streamed text completion carries besides the text.
+struct TextShape {
+    include_usage: bool,
+    logprobs: bool,
+    /// The prompt text, sent first when `echo` is on.
+    echo: Option<String>,
+}
 
 /// The legacy logprobs shape of `tokens`, whose text starts at `offset` in the output; also
 /// where the next token's text starts.
@@ -208,9 +252,13 @@ fn text_frames(
     id: String,
     created: u64,
     streams: Vec<crate::engine::EventStream>,
-    include_usage: bool,
-    logprobs: bool,
+    shape: TextShape,
 ) -> futures::stream::LocalBoxStream<'static, Bytes> {
+    let TextShape {
+        include_usage,
+        logprobs,
+        echo,
+    } = shape;
     let num_choices = streams.len();
     let model = state.config.model_id.clone();
     let frame =
@@ -236,6 +284,7 @@ fn text_frames(
         move |(mut events, mut queue, mut clocks, mut usages, mut offsets, mut ended)| {
             let state = state.clone();
             let frame = frame.clone();
+            let echo = echo.clone();
             async move {
                 loop {
                     if let Some(f) = queue.pop_front() {
@@ -272,7 +321,31 @@ fn text_frames(
                         finish_reason: finish,
                     };
                     match event {
-                        EngineEvent::Started { .. } => {}
+                        // The echoed prompt comes first: at once without logprobs, with its
+                        // scores once the prompt is computed with them.
+                        EngineEvent::Started { .. } => {
+                            if let Some(text) = echo.as_ref().filter(|_| !logprobs) {
+                                offsets[index] = text.len();
+                                queue.push_back(frame(
+                                    vec![choice(text.clone(), None)],
+                                    None,
+                                    None,
+                                ));
+                            }
+                        }
+                        EngineEvent::PromptLogprobs {
+                            token_ids,
+                            logprobs: token_logprobs,
+                            top_logprobs,
+                        } => {
+                            if let Some(text) = &echo {
+                                let run = (&token_ids[..], &token_logprobs[..], &top_logprobs[..]);
+                                let mut c = choice(text.clone(), None);
+                                c.logprobs = Some(text_logprobs(&state, run, 0).0);
+                                offsets[index] = c.text.len();
+                                queue.push_back(frame(vec![c], None, None));
+                            }
+                        }
                         EngineEvent::Delta {
                             text,
                             token_ids,

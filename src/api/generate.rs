@@ -40,6 +40,8 @@ pub struct Plan {
     pub format: Option<OutputFormat>,
     /// The request field `format` came from, for errors.
     pub format_param: &'static str,
+    /// Score the prompt's tokens too, with this many alternatives each (`echo` + `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Plan {
@@ -192,6 +194,7 @@ pub fn plan(
         speculative: speculative_choice(p)?,
         format,
         format_param,
+        prompt_logprobs: None,
     })
 }
 
@@ -326,6 +329,7 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.prediction = prediction.clone();
         req.speculative = plan.speculative;
         req.format = plan.format.clone();
+        req.prompt_logprobs = plan.prompt_logprobs;
         let refused =
             |e| ApiError::from(e).with_param_renamed("response_format", plan.format_param);
         streams.push(engine.submit(req).await.map_err(refused)?);
@@ -342,6 +346,16 @@ pub struct Collected {
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub finish: Option<FinishReason>,
     pub usage: EngineUsage,
+    /// The prompt's tokens scored, when the request asked ([`Plan::prompt_logprobs`]).
+    pub prompt: Option<PromptScores>,
+}
+
+/// A prompt's tokens with their log-probabilities (the first token's is `None`).
+#[derive(Debug, Clone, Default)]
+pub struct PromptScores {
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 /// Every stream collected (a non-streaming request's choices), unless the client hangs up first:
@@ -377,6 +391,17 @@ pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Colle
                 out.token_ids.extend(token_ids);
                 out.logprobs.extend(logprobs);
                 out.top_logprobs.extend(top_logprobs);
+            }
+            EngineEvent::PromptLogprobs {
+                token_ids,
+                logprobs,
+                top_logprobs,
+            } => {
+                out.prompt = Some(PromptScores {
+                    token_ids,
+                    logprobs,
+                    top_logprobs,
+                })
             }
             EngineEvent::Finished { reason, usage } => {
                 out.finish = Some(reason);

@@ -205,7 +205,8 @@ pub struct FunctionCall {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct CompletionRequest {
     pub prompt: PromptInput,
-    /// Not supported: `true` is refused.
+    /// Put the prompt before the completion; with `logprobs`, score the prompt's tokens too
+    /// (the first one's logprob is null).
     pub echo: Option<bool>,
     /// The text after the insertion point: a non-empty suffix asks the model to fill in the
     /// middle between `prompt` and it (models with FIM tokens, such as Qwen2.5-Coder).
@@ -424,6 +425,16 @@ pub struct CompletionLogprobs {
     pub token_logprobs: Vec<Option<f32>>,
     pub top_logprobs: Vec<BTreeMap<String, f32>>,
     pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// `other`'s tokens after these.
+    pub fn append(&mut self, other: CompletionLogprobs) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.top_logprobs.extend(other.top_logprobs);
+        self.text_offset.extend(other.text_offset);
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -408,6 +408,7 @@ impl Engine {
         let turn = session
             .send(BeginTurn {
                 prompt: tokens.clone(),
+                reuse: req.prompt_logprobs.is_none(),
             })
             .await??;
         let (seq_tx, seq_rx) = unbounded_channel();
@@ -426,6 +427,7 @@ impl Engine {
             session: session.clone(),
             ephemeral,
             draft_key: draft_key.into(),
+            prompt_logprobs: req.prompt_logprobs,
             events: seq_tx,
         };
         if let Err(e) = self.scheduler.send(Enqueue(submission)).await? {

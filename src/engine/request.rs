@@ -50,6 +50,10 @@ pub struct GenerateRequest {
     /// What the output must be (`response_format`): every token is sampled from those that
     /// keep it valid.
     pub format: Option<crate::sampling::OutputFormat>,
+    /// Score the prompt's own tokens (`echo` with `logprobs`), with this many most likely
+    /// alternatives each: an [`EngineEvent::PromptLogprobs`] comes before the first token. The
+    /// prompt is then computed in full (no reuse from the session or the prefix cache).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -65,6 +69,7 @@ impl GenerateRequest {
             prediction: None,
             verification: None,
             format: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -86,6 +91,14 @@ pub enum EngineEvent {
         /// Per token, as in [`crate::scheduler::SeqEvent::Token`]: the depth of an accepted
         /// speculative draft, or 0.
         draft_depths: Vec<u8>,
+    },
+    /// The prompt scored (see [`GenerateRequest::prompt_logprobs`]): per prompt token, its
+    /// log-probability given the ones before (`None` for the first) and the most likely tokens
+    /// there.
+    PromptLogprobs {
+        token_ids: Vec<u32>,
+        logprobs: Vec<Option<f32>>,
+        top_logprobs: Vec<Vec<(u32, f32)>>,
     },
     Finished {
         reason: FinishReason,

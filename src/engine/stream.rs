@@ -127,6 +127,20 @@ impl StreamTask {
                         break;
                     }
                 }
+                SeqEvent::PromptLogprobs {
+                    token_ids,
+                    logprobs,
+                    top_logprobs,
+                } => {
+                    let event = EngineEvent::PromptLogprobs {
+                        token_ids,
+                        logprobs,
+                        top_logprobs,
+                    };
+                    if self.to_client.send(event).is_err() {
+                        break;
+                    }
+                }
                 SeqEvent::Finished { reason, usage } => {
                     held.push_str(&self.detokenize(Vec::new(), true).await);
                     let (emit, stopped) = self.split_at_stop(&mut held, true);

@@ -51,7 +51,14 @@ pub struct ForwardOutput {
     /// The rows the worker sampled (see `runner::worker::SampleJob`), and how long that took.
     pub sampled: Vec<Sampled>,
     pub sampling_time: Duration,
+    /// Per step with a `PromptLogprobJob` (see `runner::worker`): `(step, one entry per output
+    /// row)`, each the scored token's log-probability and the most likely tokens with theirs.
+    pub prompt_logprobs: Vec<(usize, Vec<TokenLogprobs>)>,
 }
+
+/// `ln p` of a token (`None` where the row scores nothing) and the most likely tokens with
+/// theirs, most likely first.
+pub type TokenLogprobs = (Option<f32>, Vec<(u32, f32)>);
 
 /// A sequence's sampler back from the worker with the token it drew from its last output row.
 #[derive(Debug)]

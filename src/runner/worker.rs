@@ -2,11 +2,11 @@
 //! forward per message. Only the scheduler talks to it; the batch it receives already names
 //! every page each sequence may touch.
 
-use super::batch::{ForwardOutput, OutputRows, Sampled, SeqStep};
+use super::batch::{ForwardOutput, OutputRows, Sampled, SeqStep, TokenLogprobs};
 use crate::error::EngineError;
 use crate::kv::{KvDtype, KvStorage, PageCopy, PageId};
 use crate::model::Transformer;
-use crate::sampling::{Sampler, SamplingError, TokenHistory};
+use crate::sampling::{token_logprobs, Sampler, SamplingError, TokenHistory};
 use actix::prelude::*;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -80,6 +80,33 @@ impl SampleJob {
     }
 }
 
+/// A sequence whose prompt is being scored (`echo` with `logprobs`): its step asks for every
+/// row's logits, and output row `i` scores `next_tokens[i]`, the prompt token after that row's
+/// position (`None` past the prompt). Scored in the worker, in parallel, while the logits are
+/// at hand: a long prompt's 152K-wide rows would hold up the scheduler's thread.
+#[derive(Debug, Clone)]
+pub struct PromptLogprobJob {
+    /// The sequence's index in [`Forward::steps`].
+    pub step: usize,
+    pub next_tokens: Vec<Option<u32>>,
+    pub num_top: usize,
+}
+
+impl PromptLogprobJob {
+    fn run(&self, out: &ForwardOutput) -> (usize, Vec<TokenLogprobs>) {
+        let rows: Vec<usize> = out.rows_of(self.step).collect();
+        let scored = rows
+            .par_iter()
+            .zip(&self.next_tokens)
+            .map_init(Vec::new, |top, (&row, next)| match next {
+                Some(token) => token_logprobs(out.logits_row(row), *token, self.num_top, top),
+                None => (None, Vec::new()),
+            })
+            .collect();
+        (self.step, scored)
+    }
+}
+
 #[derive(Message)]
 #[rtype(result = "Result<ForwardOutput, EngineError>")]
 pub struct Forward {
@@ -89,6 +116,8 @@ pub struct Forward {
     pub copies: Vec<PageCopy>,
     /// Rows to sample after the forward.
     pub sample: Vec<SampleJob>,
+    /// Prompts to score after the forward.
+    pub prompt_logprobs: Vec<PromptLogprobJob>,
 }
 
 impl Handler<Forward> for ModelWorker {
@@ -124,6 +153,7 @@ impl Handler<Forward> for ModelWorker {
                     .into_par_iter()
                     .map(|job| job.run(&out))
                     .collect();
+                out.prompt_logprobs = msg.prompt_logprobs.iter().map(|j| j.run(&out)).collect();
                 out.sampling_time = started.elapsed();
                 if keep_logits {
                     self.spare_logits = std::mem::take(&mut out.logits);

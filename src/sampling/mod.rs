@@ -50,4 +50,5 @@ pub use constraint::{prepare_json_schema, Grammars, OutputFormat, TokenConstrain
 pub use distribution::Distribution;
 pub use params::{SamplingParams, SamplingParamsError, BAN_BIAS, MAX_TOP_LOGPROBS};
 pub use penalties::TokenHistory;
+pub(crate) use sampler::token_logprobs;
 pub use sampler::{SampleOutput, Sampler, SamplingError};

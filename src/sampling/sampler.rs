@@ -277,21 +277,33 @@ fn logprobs(
         logprob: None,
         top_logprobs: Vec::new(),
     };
-    if !params.logprobs {
-        return out;
-    }
-    // A live token was chosen, so the softmax exists.
-    let Some(softmax) = Softmax::over_row(logits, 1.0) else {
-        return out;
-    };
-    out.logprob = Some(softmax.log_prob(logits[token as usize]));
-    if params.top_logprobs > 0 {
-        select::top_k_into(logits, params.top_logprobs as usize, top);
-        top.sort_unstable_by(select::better_first);
-        out.top_logprobs
-            .extend(top.iter().map(|c| (c.id, softmax.log_prob(c.value))));
+    if params.logprobs {
+        (out.logprob, out.top_logprobs) =
+            token_logprobs(logits, token, params.top_logprobs as usize, top);
     }
     out
+}
+
+/// `ln p(token)` under the softmax of `logits` (temperature 1), and the `num_top` most likely
+/// tokens with theirs, most likely first; `None` when no token is live (every logit `-inf`).
+/// `top` is scratch space.
+pub(crate) fn token_logprobs(
+    logits: &[f32],
+    token: u32,
+    num_top: usize,
+    top: &mut Vec<Candidate>,
+) -> (Option<f32>, Vec<(u32, f32)>) {
+    let Some(softmax) = Softmax::over_row(logits, 1.0) else {
+        return (None, Vec::new());
+    };
+    let logprob = softmax.log_prob(logits[token as usize]);
+    let mut best = Vec::new();
+    if num_top > 0 {
+        select::top_k_into(logits, num_top, top);
+        top.sort_unstable_by(select::better_first);
+        best.extend(top.iter().map(|c| (c.id, softmax.log_prob(c.value))));
+    }
+    (Some(logprob), best)
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use super::sequence::{SeqId, Sequence};
 use crate::error::{EngineError, KvError};
 use crate::kv::pool_actor::{GetPoolStats, PagePoolActor, Release};
 use crate::kv::PageId;
-use crate::runner::batch::{ForwardOutput, OutputRows, Sampled};
-use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep, SampleJob};
+use crate::runner::batch::{ForwardOutput, OutputRows, Sampled, TokenLogprobs};
+use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep, PromptLogprobJob, SampleJob};
 use crate::sampling::{
     Distribution, SampleOutput, Sampler, SamplingError, SamplingParams, TokenHistory,
 };
@@ -46,7 +46,29 @@ pub struct Submission {
     pub ephemeral: bool,
     /// Names this sequence's draft-model K/V (the session's key when it persists).
     pub draft_key: DraftKey,
+    /// Score the prompt's own tokens, with this many most likely alternatives each (the
+    /// session reused nothing, so every prompt row is computed).
+    pub prompt_logprobs: Option<usize>,
     pub events: UnboundedSender<SeqEvent>,
+}
+
+/// A prompt being scored: the entries so far, in position order (the first token's is `None`).
+struct PromptScore {
+    num_top: usize,
+    logprobs: Vec<Option<f32>>,
+    top_logprobs: Vec<Vec<(u32, f32)>>,
+    sent: bool,
+}
+
+impl PromptScore {
+    fn new(num_top: usize) -> Self {
+        Self {
+            num_top,
+            logprobs: vec![None],
+            top_logprobs: vec![Vec::new()],
+            sent: false,
+        }
+    }
 }
 
 struct Active {
@@ -63,6 +85,7 @@ struct Active {
     mtp_next: usize,
     admitted_at: Instant,
     first_token_at: Option<Instant>,
+    prompt_score: Option<PromptScore>,
 }
 
 pub struct SchedulerActor {
@@ -263,6 +286,11 @@ impl SchedulerActor {
             .filter(|g| g.wants_logits && g.num_drafts == 0)
             .map(|g| (g.seq_id, self.take_sample_job(g.seq_id)))
             .collect();
+        let mut scoring: HashMap<SeqId, PromptLogprobJob> = plan
+            .grants
+            .iter()
+            .filter_map(|g| Some((g.seq_id, self.prompt_logprob_job(g)?)))
+            .collect();
         let worker = self.worker.clone();
         let pool = self.pool.clone();
         let want_hidden = self.wants_hidden(plan.grants.iter().map(|g| g.seq_id));
@@ -286,19 +314,27 @@ impl SchedulerActor {
             }
             let copy_sources: Vec<PageId> = copies.iter().map(|c| c.src).collect();
             let mut sample = Vec::new();
+            let mut prompt_logprobs = Vec::new();
             for (step, g) in granted.iter().enumerate() {
                 if let Some(mut job) = jobs.remove(&g.grant.seq_id) {
                     job.step = step;
                     sample.push(job);
                 }
+                if let Some(mut job) = scoring.remove(&g.grant.seq_id) {
+                    job.step = step;
+                    prompt_logprobs.push(job);
+                }
             }
+            let scored: Vec<usize> = prompt_logprobs.iter().map(|j| j.step).collect();
             let steps: Vec<OwnedSeqStep> = granted
                 .iter()
-                .map(|g| OwnedSeqStep {
+                .enumerate()
+                .map(|(step, g)| OwnedSeqStep {
                     tokens: g.tokens.clone(),
                     start_position: g.start,
                     page_ids: g.page_ids.clone(),
                     outputs: match (g.grant.wants_logits, g.grant.num_drafts) {
+                        _ if scored.contains(&step) => OutputRows::All,
                         (false, _) => OutputRows::None,
                         (true, 0) => OutputRows::Last,
                         (true, _) => OutputRows::All,
@@ -323,6 +359,7 @@ impl SchedulerActor {
                     want_hidden,
                     copies,
                     sample,
+                    prompt_logprobs,
                 });
                 let out = out.await.map_err(EngineError::from).and_then(|r| r);
                 forward_time = started.elapsed();
@@ -377,6 +414,10 @@ impl SchedulerActor {
             let step = s.step;
             sampled[step] = Some(s);
         }
+        let mut scored: HashMap<usize, Vec<TokenLogprobs>> =
+            std::mem::take(&mut out.prompt_logprobs)
+                .into_iter()
+                .collect();
         for (batch_index, granted) in outcome.granted.into_iter().enumerate() {
             let Granted {
                 grant: g,
@@ -402,6 +443,7 @@ impl SchedulerActor {
             self.tally.verified |= g.num_drafts > 0;
             self.tally.num_decode_rows += usize::from(g.num_drafts == 0 && plain_rows == 1);
             // Rows whose K/V (and hidden state) stay: all, or up to the last accepted draft.
+            self.record_prompt_logprobs(id, start, scored.remove(&batch_index));
             let mut num_valid = tokens.len();
             if g.num_drafts > 0 {
                 num_valid = self.verify_and_commit(id, &out, batch_index, tokens.len());
@@ -409,6 +451,58 @@ impl SchedulerActor {
                 self.commit_sampled(id, s);
             }
             self.collect_hidden(id, &out, batch_index, start, num_valid);
+        }
+    }
+
+    /// The scoring a grant's rows need, when its sequence's prompt is being scored and the
+    /// grant computes prompt rows not yet scored.
+    fn prompt_logprob_job(&self, g: &Grant) -> Option<PromptLogprobJob> {
+        let a = &self.active[&g.seq_id];
+        let score = a.prompt_score.as_ref().filter(|s| !s.sent)?;
+        let (start, num_prompt) = (a.seq.num_computed, a.seq.num_prompt);
+        if g.num_drafts > 0 || start + 1 >= num_prompt {
+            return None;
+        }
+        let next_tokens = (start..start + g.num_tokens)
+            .map(|p| (p + 1 < num_prompt).then(|| a.seq.tokens[p + 1]))
+            .collect();
+        Some(PromptLogprobJob {
+            step: 0,
+            next_tokens,
+            num_top: score.num_top,
+        })
+    }
+
+    /// Adds the scores of rows computed from position `start` (those not recorded already: a
+    /// preempted sequence computes its prompt again), and sends them all once the prompt is
+    /// complete, before its first generated token.
+    fn record_prompt_logprobs(
+        &mut self,
+        id: SeqId,
+        start: usize,
+        rows: Option<Vec<TokenLogprobs>>,
+    ) {
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        let num_prompt = a.seq.num_prompt;
+        let Some(score) = a.prompt_score.as_mut().filter(|s| !s.sent) else {
+            return;
+        };
+        for (i, (logprob, top)) in rows.into_iter().flatten().enumerate() {
+            let scores = start + i + 1;
+            if scores == score.logprobs.len() && scores < num_prompt {
+                score.logprobs.push(logprob);
+                score.top_logprobs.push(top);
+            }
+        }
+        if score.logprobs.len() == num_prompt {
+            score.sent = true;
+            let _ = a.sub.events.send(SeqEvent::PromptLogprobs {
+                token_ids: a.seq.tokens[..num_prompt].to_vec(),
+                logprobs: std::mem::take(&mut score.logprobs),
+                top_logprobs: std::mem::take(&mut score.top_logprobs),
+            });
         }
     }
 
@@ -670,6 +764,7 @@ impl Handler<Enqueue> for SchedulerActor {
         self.next_id += 1;
         let mut seq = Sequence::new(id, id, sub.tokens.clone(), sub.cached_tokens, sub.num_pages);
         let seq_computed = seq.num_computed;
+        let prompt_score = sub.prompt_logprobs.map(PromptScore::new);
         seq.priority = sub.priority;
         self.active.insert(
             id,
@@ -684,6 +779,7 @@ impl Handler<Enqueue> for SchedulerActor {
                 mtp_next: seq_computed,
                 admitted_at: Instant::now(),
                 first_token_at: None,
+                prompt_score,
             },
         );
         ctx.notify(Step);

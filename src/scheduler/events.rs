@@ -69,6 +69,14 @@ pub enum SeqEvent {
         /// ending itself (a stop string) can still report them.
         drafts: DraftTally,
     },
+    /// The prompt's own tokens scored by the model (`echo` with `logprobs`), sent once the
+    /// whole prompt is computed and before the first generated token: per prompt token, `ln p`
+    /// given the tokens before it (`None` for the first) and the most likely tokens there.
+    PromptLogprobs {
+        token_ids: Vec<u32>,
+        logprobs: Vec<Option<f32>>,
+        top_logprobs: Vec<Vec<(u32, f32)>>,
+    },
     Finished {
         reason: FinishReason,
         usage: Usage,

@@ -91,6 +91,8 @@ pub struct TurnStart {
 #[rtype(result = "Result<TurnStart, EngineError>")]
 pub struct BeginTurn {
     pub prompt: Vec<u32>,
+    /// `false`: compute the whole prompt again (its rows' logits are wanted), keeping nothing.
+    pub reuse: bool,
 }
 
 impl Handler<BeginTurn> for SessionActor {
@@ -106,7 +108,11 @@ impl Handler<BeginTurn> for SessionActor {
         self.turn_in_progress = true;
         self.last_used = Instant::now();
         // At least one prompt token is always computed: its logits start the reply.
-        let limit = msg.prompt.len().saturating_sub(1);
+        let limit = if msg.reuse {
+            msg.prompt.len().saturating_sub(1)
+        } else {
+            0
+        };
         let reuse = common_prefix(&self.tokens, &msg.prompt).min(limit);
         let page_size = self.page_size;
         if reuse < self.num_shared * page_size && !reuse.is_multiple_of(page_size) {

@@ -80,7 +80,12 @@ pub struct Outcome {
     pub finish: Option<FinishReason>,
     pub usage: Usage,
     pub error: Option<EngineError>,
+    /// With `prompt_logprobs`: the prompt's token ids, their logprobs and top alternatives.
+    pub prompt_logprobs: Option<ScoredPrompt>,
 }
+
+/// A prompt's token ids, their log-probabilities and top alternatives.
+pub type ScoredPrompt = (Vec<u32>, Vec<Option<f32>>, Vec<Vec<(u32, f32)>>);
 
 pub async fn drain(mut stream: EventStream) -> Outcome {
     let mut out = Outcome::default();
@@ -102,6 +107,17 @@ pub async fn drain(mut stream: EventStream) -> Outcome {
                 out.text.push_str(&text);
                 out.token_ids.extend(token_ids);
                 out.logprobs.extend(logprobs);
+            }
+            EngineEvent::PromptLogprobs {
+                token_ids,
+                logprobs,
+                top_logprobs,
+            } => {
+                assert!(
+                    out.token_ids.is_empty() && out.prompt_logprobs.is_none(),
+                    "the prompt's scores come once, before the first generated token"
+                );
+                out.prompt_logprobs = Some((token_ids, logprobs, top_logprobs));
             }
             EngineEvent::Finished { reason, usage } => {
                 out.finish = Some(reason);

@@ -159,6 +159,21 @@ def test_text_completions(client):
     assert streamed == r.choices[0].text
 
 
+def test_echo_with_logprobs_scores_the_prompt(client):
+    # What lm-eval's `local-completions` sends for a log-likelihood.
+    r = client.completions.create(
+        model=MODEL, prompt="function update(v) {", echo=True, logprobs=1, max_tokens=1,
+        temperature=0, logit_bias=BAN_SPECIALS,
+    )
+    choice = r.choices[0]
+    assert choice.text.startswith("function update(v) {")
+    lp = choice.logprobs
+    assert len(lp.tokens) == r.usage.prompt_tokens + 1
+    assert lp.token_logprobs[0] is None
+    assert all(x < 0 for x in lp.token_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
 def test_an_api_key_is_required_when_configured(keyed_server_url):
     anonymous = OpenAI(base_url=f"{keyed_server_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

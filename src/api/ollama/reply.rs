@@ -207,7 +207,7 @@ impl Streaming {
     /// Handles one event; `true` when the reply is over.
     fn on_event(&mut self, event: EngineEvent, queue: &mut VecDeque<Bytes>) -> bool {
         match event {
-            EngineEvent::Started { .. } => false,
+            EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. } => false,
             EngineEvent::Delta {
                 text, token_ids, ..
             } => {

@@ -279,7 +279,7 @@ pub async fn run(
                 let e = ApiError::internal("the request ended without finishing");
                 break (Ending::Failed(e.body()["error"].clone()), None);
             }
-            Some(EngineEvent::Started { .. }) => {}
+            Some(EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. }) => {}
             Some(EngineEvent::Delta {
                 text,
                 token_ids,
