@@ -291,3 +291,77 @@ async fn echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask() {
     assert_eq!(reply.status, 400);
     assert_eq!(reply.error()["param"], "echo");
 }
+
+#[actix_rt::test]
+async fn llama_cpp_completion_and_infill_routes_answer_as_llama_cpp_does() {
+    let s = server(4096);
+    let props = get(&s.at("/props")).await.json();
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 4096);
+    // `/completion` gives `/v1/completions`' greedy text, with llama.cpp's counts.
+    let openai = post(
+        &s.at("/v1/completions"),
+        &json!({"prompt": "def fib(n):", "max_tokens": 16, "temperature": 0}),
+    )
+    .await
+    .json();
+    let body = json!({"prompt": "def fib(n):", "n_predict": 16, "temperature": 0});
+    let native = post(&s.at("/completion"), &body).await.json();
+    assert_eq!(native["content"], openai["choices"][0]["text"], "{native}");
+    assert_eq!(native["stop"], true);
+    assert_eq!(native["stop_type"], "limit");
+    assert_eq!(native["tokens_predicted"], 16);
+    assert_eq!(native["tokens_evaluated"], openai["usage"]["prompt_tokens"]);
+    assert_eq!(native["timings"]["predicted_n"], 16);
+    // Streamed: `data:` objects whose `content` adds up, the last with `stop: true`, and no
+    // `[DONE]` (llama.cpp's native stream has none).
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["n_probs"] = json!(2);
+    let events = post(&s.at("/completion"), &streamed).await.events();
+    let (last, pieces) = events.split_last().unwrap();
+    assert_eq!(last["stop"], true, "{events:?}");
+    assert!(pieces.iter().all(|e| e["stop"] == false));
+    let text: String = pieces
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, native["content"].as_str().unwrap());
+    let probs = &pieces[0]["completion_probabilities"][0];
+    assert_eq!(probs["top_logprobs"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        probs["top_logprobs"][0]["id"], probs["id"],
+        "greedy took the best token"
+    );
+
+    // `/infill` with a file of the repository as context: the middle uses what it defines.
+    let infill = post(
+        &s.at("/infill"),
+        &json!({"input_prefix": "from consts import *\n\ndef area(r):\n    ",
+                "input_suffix": "\n\nprint(area(2))\n",
+                "input_extra": [{"filename": "consts.py", "text": "PI = 3.14159\n"}],
+                "n_predict": 12, "temperature": 0}),
+    )
+    .await
+    .json();
+    let middle = infill["content"].as_str().unwrap();
+    assert!(middle.starts_with("return PI * r"), "{infill}");
+    assert!(
+        infill["tokens_evaluated"].as_u64().unwrap() > 20,
+        "{infill}"
+    );
+
+    let refused = post(
+        &s.at("/completion"),
+        &json!({"prompt": "x", "grammar": "root ::= \"a\""}),
+    )
+    .await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.error()["param"], "grammar");
+    let refused = post(
+        &s.at("/completion"),
+        &json!({"prompt": "x", "n_predict": 5000}),
+    )
+    .await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(refused.error()["code"], "context_length_exceeded");
+}

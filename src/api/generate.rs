@@ -448,6 +448,16 @@ pub fn usage(per_choice: &[EngineUsage]) -> Usage {
     }
 }
 
+/// Counts one finished choice's tokens in the metrics.
+pub fn count_usage(metrics: &Metrics, usage: &EngineUsage) {
+    let u = self::usage(std::slice::from_ref(usage));
+    metrics.count_usage(
+        u.prompt_tokens,
+        u.prompt_tokens_details.cached_tokens,
+        u.completion_tokens,
+    );
+}
+
 /// llama.cpp's `timings` for the first choice.
 pub fn timings(u: &EngineUsage) -> Timings {
     let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };

@@ -21,6 +21,7 @@
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
 //! | `POST /api/chat`, `/api/generate`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
+//! | `POST /completion` (and `/completions`), `/infill`; `GET /props` | [`llamacpp`]: llama.cpp's native routes |
 //! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
 //! | `GET /openapi.json` | [`openapi`] |
 //!
@@ -38,6 +39,7 @@ pub mod disconnect;
 pub mod errors;
 pub mod generate;
 pub mod health;
+pub mod llamacpp;
 pub mod metrics;
 pub mod models;
 pub mod ollama;
@@ -295,6 +297,22 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         "POST",
                         [web::post().to(tokens::detokenize)],
                     ))
+                    .service(endpoint(
+                        "/completion",
+                        "POST",
+                        [web::post().to(llamacpp::completion)],
+                    ))
+                    .service(endpoint(
+                        "/completions",
+                        "POST",
+                        [web::post().to(llamacpp::completion)],
+                    ))
+                    .service(endpoint(
+                        "/infill",
+                        "POST",
+                        [web::post().to(llamacpp::infill)],
+                    ))
+                    .service(endpoint("/props", "GET", [web::get().to(llamacpp::props)]))
                     .service(endpoint(
                         "/api/chat",
                         "POST",

@@ -3,7 +3,7 @@
 
 use super::ollama::{self, OllamaErrorBody};
 use super::responses::{self, types::*};
-use super::{chat, completions, health, metrics, models, stats, tokens, types::*, ws};
+use super::{chat, completions, health, llamacpp, metrics, models, stats, tokens, types::*, ws};
 use actix_web::HttpResponse;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -35,6 +35,9 @@ use utoipa::{Modify, OpenApi};
         ollama::tags,
         ollama::ps,
         ollama::version,
+        llamacpp::completion,
+        llamacpp::infill,
+        llamacpp::props,
     ),
     components(schemas(
         ChatCompletionRequest, ChatMessage, Role, MessageContent, ContentPart, Tool, FunctionDef,
@@ -106,6 +109,9 @@ mod tests {
             ("get", "/api/tags"),
             ("get", "/api/ps"),
             ("get", "/api/version"),
+            ("post", "/completion"),
+            ("post", "/infill"),
+            ("get", "/props"),
         ] {
             assert!(
                 doc["paths"][path][method].is_object(),

@@ -16,6 +16,11 @@ pub struct FimTokens {
     pub prefix: String,
     pub suffix: String,
     pub middle: String,
+    /// Repository-level context (Qwen2.5-Coder `<|file_sep|>`, StarCoder2 `<file_sep>`): other
+    /// files put before the one being completed, each after this marker and its path.
+    pub file_sep: Option<String>,
+    /// Names the repository before those files (`<|repo_name|>`, `<reponame>`).
+    pub repo_name: Option<String>,
 }
 
 impl FimTokens {
@@ -25,6 +30,33 @@ impl FimTokens {
             "{}{before}{}{after}{}",
             self.prefix, self.suffix, self.middle
         )
+    }
+
+    /// [`FimTokens::prompt`] after other files of the repository, in the layout the model was
+    /// trained on: `{repo_name}{repo}\n{file_sep}{path}\n{text}…{file_sep}{current}\n` and
+    /// then the fill-in-the-middle prompt. `None` when the model has no file separator.
+    pub fn repository_prompt(
+        &self,
+        repo: &str,
+        files: &[(String, String)],
+        current: &str,
+        before: &str,
+        after: &str,
+    ) -> Option<String> {
+        let sep = self.file_sep.as_ref()?;
+        let mut out = String::new();
+        if let Some(name) = &self.repo_name {
+            out.push_str(&format!("{name}{repo}\n"));
+        }
+        for (path, text) in files {
+            out.push_str(&format!("{sep}{path}\n{text}"));
+            if !text.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        out.push_str(&format!("{sep}{current}\n"));
+        out.push_str(&self.prompt(before, after));
+        Some(out)
     }
 }
 
@@ -138,10 +170,18 @@ impl ModelBundle {
         let [prefix, suffix, middle] = KNOWN
             .into_iter()
             .find(|set| set.iter().all(|t| self.tokenizer.token_to_id(t).is_some()))?;
+        let known = |names: [&str; 2]| {
+            names
+                .into_iter()
+                .find(|t| self.tokenizer.token_to_id(t).is_some())
+                .map(str::to_string)
+        };
         Some(FimTokens {
             prefix: prefix.into(),
             suffix: suffix.into(),
             middle: middle.into(),
+            file_sep: known(["<|file_sep|>", "<file_sep>"]),
+            repo_name: known(["<|repo_name|>", "<reponame>"]),
         })
     }
 
@@ -180,7 +220,21 @@ fn stop_token_ids(content: &Content, tokenizer: &Tokenizer) -> Vec<u32> {
     if let Some(Value::U32(eos)) = content.metadata.get("tokenizer.ggml.eos_token_id") {
         ids.push(*eos);
     }
-    for marker in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"] {
+    // Chat end-of-turn markers, and (as llama.cpp counts them) the fill-in-the-middle markers
+    // a code model writes when the middle is done and it would go on to another file.
+    const MARKERS: [&str; 10] = [
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|eot_id|>",
+        "<end_of_turn>",
+        "<|fim_pad|>",
+        "<|file_sep|>",
+        "<|repo_name|>",
+        "<fim_pad>",
+        "<file_sep>",
+        "<reponame>",
+    ];
+    for marker in MARKERS {
         if let Some(id) = tokenizer.token_to_id(marker) {
             if !ids.contains(&id) {
                 ids.push(id);

@@ -37,6 +37,9 @@ def test_openapi_document_is_valid_and_complete(server_url):
         ("GET", "/api/tags"),
         ("GET", "/api/ps"),
         ("GET", "/api/version"),
+        ("POST", "/completion"),
+        ("POST", "/infill"),
+        ("GET", "/props"),
     ]:
         assert route in described, f"{route} is not in /openapi.json"
     # Every described GET without path parameters really answers (no stale entries).

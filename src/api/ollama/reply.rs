@@ -143,7 +143,7 @@ impl ReplyContext {
     /// The whole reply as one object (`"stream": false`).
     pub fn complete(mut self, state: &AppState, collected: Collected) -> Value {
         let usage = collected.usage;
-        count_usage(state, &usage);
+        generate::count_usage(&state.metrics, &usage);
         let mut parts = Parts::default();
         let prefix = std::mem::take(&mut self.forced_prefix);
         let mut pieces = self.parser.push(&prefix);
@@ -219,7 +219,7 @@ impl Streaming {
             EngineEvent::Finished { reason, usage } => {
                 let pieces = self.ctx.parser.finish();
                 self.send(pieces, queue);
-                count_usage(&self.state, &usage);
+                generate::count_usage(&self.state.metrics, &usage);
                 let stats = self.ctx.stats(reason, &usage);
                 queue.push_back(ndjson(&self.ctx.line(Parts::default(), Some(stats))));
                 true
@@ -264,14 +264,6 @@ fn ollama_call(call: &ToolCall) -> Value {
     serde_json::json!({"function": {"name": call.function.name, "arguments": arguments}})
 }
 
-fn count_usage(state: &AppState, usage: &EngineUsage) {
-    let u = generate::usage(std::slice::from_ref(usage));
-    state.metrics.count_usage(
-        u.prompt_tokens,
-        u.prompt_tokens_details.cached_tokens,
-        u.completion_tokens,
-    );
-}
 
 /// One NDJSON line.
 pub fn ndjson(value: &impl Serialize) -> Bytes {
