@@ -428,7 +428,6 @@ fn token_probabilities(
         .collect()
 }
 
-
 /// SSE frames: one `{"content", "stop": false}` object per piece of text, then the final object
 /// (no `[DONE]`: llama.cpp's native stream has none).
 fn frames(

@@ -143,7 +143,10 @@ pub fn plan_step(
         if budget == 0 || plan.grants.len() == cfg.max_seqs {
             break;
         }
-        let num_tokens = seq.num_pending().min(cfg.prefill_chunk).min(budget);
+        let chunk = seq
+            .max_chunk
+            .map_or(cfg.prefill_chunk, |c| c.min(cfg.prefill_chunk));
+        let num_tokens = seq.num_pending().min(chunk).min(budget);
         let need = seq.pages_needed(num_tokens, cfg.page_size);
         if need > free {
             // Prefill waits for pages rather than preempting; later arrivals wait behind it so
@@ -185,6 +188,16 @@ mod tests {
 
     fn decoding(id: SeqId, len: usize) -> Sequence {
         seq(id, len, len - 1)
+    }
+
+    #[test]
+    fn a_sequence_with_a_smaller_chunk_gets_no_more_rows_a_step() {
+        let mut scored = seq(1, 200, 0);
+        scored.max_chunk = Some(8);
+        let plain = seq(2, 200, 0);
+        let plan = plan_step(&[], &[&scored, &plain], 100, &cfg());
+        assert_eq!(plan.grants[0].num_tokens, 8);
+        assert_eq!(plan.grants[1].num_tokens, 32);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Sequence {
     pub num_pages: usize,
     /// Speculative drafts waiting to be verified after the pending token.
     pub drafts: Vec<u32>,
+    /// Most prompt rows one step may compute for it, below `--prefill-chunk` (a scored
+    /// prompt's rows each keep a whole row of logits).
+    pub max_chunk: Option<usize>,
 }
 
 impl Sequence {
@@ -42,6 +45,7 @@ impl Sequence {
             num_computed: num_cached,
             num_pages,
             drafts: Vec::new(),
+            max_chunk: None,
         }
     }
 

@@ -264,7 +264,6 @@ fn ollama_call(call: &ToolCall) -> Value {
     serde_json::json!({"function": {"name": call.function.name, "arguments": arguments}})
 }
 
-
 /// One NDJSON line.
 pub fn ndjson(value: &impl Serialize) -> Bytes {
     let mut line = serde_json::to_vec(value)
