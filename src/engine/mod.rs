@@ -18,7 +18,7 @@ use crate::runner::worker::{KvBytes, ModelWorker};
 use crate::sampling::{Grammars, Sampler};
 use crate::scheduler::{
     Enqueue, GetSchedulerStats, SchedulerActor, SchedulerConfig, SchedulerParts, SchedulerStats,
-    Submission,
+    Settle, Submission,
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
@@ -495,6 +495,9 @@ impl Engine {
     /// Expires idle sessions and empties the prefix cache (what "caches cleared" means in the
     /// leak tests). Sessions with a turn in progress are kept.
     pub async fn clear_caches(&self) {
+        // Finished requests' sessions release and publish their pages by message; wait until
+        // those are in the pool's mailbox, or a publication could land after the clearing.
+        let _ = self.scheduler.send(Settle).await;
         let _ = self.registry.send(ExpireAll).await;
         let _ = self.pool.send(ClearCache).await;
         if let Some(d) = &self.draft {

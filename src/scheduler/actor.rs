@@ -17,7 +17,7 @@ use crate::sampling::{
     Distribution, SampleOutput, Sampler, SamplingError, SamplingParams, TokenHistory,
 };
 use crate::session::registry::{EvictLeastRecentlyUsed, SessionRegistry};
-use crate::session::{EndTurn, Grow, ReleaseAll, SessionActor, Truncate};
+use crate::session::{EndTurn, Flush, Grow, ReleaseAll, SessionActor, Truncate};
 use crate::spec::cost::DraftModelCosts;
 use crate::spec::draft_model::DraftWorker;
 use crate::spec::drafter_kv::DraftKey;
@@ -30,6 +30,7 @@ use actix::prelude::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot::error::TryRecvError;
 
 /// An admitted request, as the engine hands it over.
 pub struct Submission {
@@ -114,6 +115,9 @@ pub struct SchedulerActor {
     draft_costs: Option<DraftModelCosts>,
     /// What the step in flight did, for the cost guard.
     tally: StepTally,
+    /// Finished sequences' sessions that have not yet handled the end of their turn (see
+    /// [`Settle`]).
+    turn_ends: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -179,6 +183,7 @@ impl SchedulerActor {
             mtp: p.mtp,
             draft_costs: p.draft_costs,
             tally: StepTally::default(),
+            turn_ends: Vec::new(),
         }
     }
 
@@ -216,6 +221,15 @@ impl SchedulerActor {
         if a.sub.ephemeral {
             a.sub.session.do_send(ReleaseAll);
         }
+        let flushed = a.sub.session.send(Flush);
+        let (done, ended) = tokio::sync::oneshot::channel();
+        actix_rt::spawn(async move {
+            let _ = flushed.await;
+            let _ = done.send(());
+        });
+        self.turn_ends
+            .retain_mut(|e| matches!(e.try_recv(), Err(TryRecvError::Empty)));
+        self.turn_ends.push(ended);
     }
 
     fn reap_cancelled(&mut self) {
@@ -446,8 +460,8 @@ impl SchedulerActor {
             self.tally.prefill |= plain_rows > 1 || !g.wants_logits;
             self.tally.verified |= g.num_drafts > 0;
             self.tally.num_decode_rows += usize::from(g.num_drafts == 0 && plain_rows == 1);
-            // Rows whose K/V (and hidden state) stay: all, or up to the last accepted draft.
             self.record_prompt_logprobs(id, start, scored.remove(&batch_index));
+            // Rows whose K/V (and hidden state) stay: all, or up to the last accepted draft.
             let mut num_valid = tokens.len();
             if g.num_drafts > 0 {
                 num_valid = self.verify_and_commit(id, &out, batch_index, tokens.len());
@@ -791,6 +805,23 @@ impl Handler<Enqueue> for SchedulerActor {
         );
         ctx.notify(Step);
         Ok(())
+    }
+}
+
+/// Replies once the sessions of every sequence finished so far have handled the end of their
+/// turn, so that their page releases and prefix publications are in the pool's mailbox: a
+/// `ClearCache` sent after it finds them done (`Engine::clear_caches`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Settle;
+
+impl Handler<Settle> for SchedulerActor {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, _: Settle, _: &mut Context<Self>) -> Self::Result {
+        let pending = std::mem::take(&mut self.turn_ends);
+        Box::pin(async move {
+            futures::future::join_all(pending).await;
+        })
     }
 }
 

@@ -7,7 +7,7 @@ pub mod plan;
 pub mod sequence;
 
 pub use actor::{
-    Enqueue, GetSchedulerStats, SchedulerActor, SchedulerParts, SchedulerStats, Submission,
+    Enqueue, GetSchedulerStats, SchedulerActor, SchedulerParts, SchedulerStats, Settle, Submission,
 };
 pub use events::{DepthCounts, DraftTally, FinishReason, SeqEvent, Usage};
 pub use plan::{plan_step, Grant, SchedulerConfig, StepPlan};

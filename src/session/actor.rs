@@ -274,6 +274,18 @@ impl Handler<EndTurn> for SessionActor {
     }
 }
 
+/// Replies once every message sent to the session before it is handled (its mailbox is FIFO):
+/// the page releases and prefix publications those messages caused are then in the pool's
+/// mailbox.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Flush;
+
+impl Handler<Flush> for SessionActor {
+    type Result = ();
+    fn handle(&mut self, _: Flush, _: &mut Context<Self>) {}
+}
+
 /// Release everything and stop, unless a turn is running (then reply `false`).
 #[derive(Message)]
 #[rtype(result = "bool")]
