@@ -179,13 +179,7 @@ fn chat_logprobs(
     logprobs: &[Option<f32>],
     top: &[Vec<(u32, f32)>],
 ) -> ChatLogprobs {
-    let text = |id: u32| -> String {
-        state
-            .detokenizer()
-            .ok()
-            .and_then(|d| d(&[id]).ok())
-            .unwrap_or_default()
-    };
+    let text = |id: u32| state.token_text(id);
     let content = token_ids
         .iter()
         .enumerate()

@@ -141,14 +141,25 @@ fn prompt_of(input: PromptInput, vocab_size: usize) -> Result<Prompt, ApiError> 
             Some("prompt"),
             "send exactly one prompt per request (batched prompts are not supported)",
         )),
-        PromptInput::Tokens(ids) => match ids.iter().find(|&&id| id as usize >= vocab_size) {
-            Some(id) => Err(ApiError::invalid(
+        PromptInput::Tokens(ids) => {
+            let prompt = Prompt::Tokens(ids);
+            check_token_ids(&prompt, vocab_size)?;
+            Ok(prompt)
+        }
+    }
+}
+
+/// A token-id prompt's ids must be in the vocabulary (400 naming `prompt`).
+pub(crate) fn check_token_ids(prompt: &Prompt, vocab_size: usize) -> Result<(), ApiError> {
+    if let Prompt::Tokens(ids) = prompt {
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(ApiError::invalid(
                 Some("prompt"),
                 format!("token id {id} is outside the vocabulary of {vocab_size} tokens"),
-            )),
-            None => Ok(Prompt::Tokens(ids)),
-        },
+            ));
+        }
     }
+    Ok(())
 }
 
 fn response(
@@ -220,13 +231,7 @@ fn text_logprobs(
     (token_ids, logprobs, top_logprobs): TokenRun,
     offset: usize,
 ) -> (CompletionLogprobs, usize) {
-    let text = |id: u32| {
-        state
-            .detokenizer()
-            .ok()
-            .and_then(|d| d(&[id]).ok())
-            .unwrap_or_default()
-    };
+    let text = |id: u32| state.token_text(id);
     let mut out = CompletionLogprobs::default();
     let mut at = offset;
     for (i, &id) in token_ids.iter().enumerate() {

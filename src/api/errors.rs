@@ -313,6 +313,19 @@ pub fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     Ok(value)
 }
 
+/// A string field of a request object that may be absent or null (then empty); another type
+/// is a 400 naming it.
+pub fn optional_string(body: &Value, field: &str) -> Result<String, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(ApiError::invalid(
+            Some(field),
+            format!("`{field}` must be a string, got `{other}`"),
+        )),
+    }
+}
+
 /// Deserializes a typed request from an already parsed object; a wrong type or a missing
 /// field is a 400 whose `param` is the field's path.
 pub fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {

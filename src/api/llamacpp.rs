@@ -14,7 +14,7 @@
 
 use super::auth::Authorized;
 use super::disconnect::Peer;
-use super::errors::{from_value, read_json_object, ApiError};
+use super::errors::{from_value, optional_string, read_json_object, ApiError};
 use super::generate::{self, collect_all, submit_all, Collected};
 use super::sse;
 use super::types::GenerationParams;
@@ -201,18 +201,6 @@ async fn prompt_of(state: &AppState, prompt: Option<&Value>) -> Result<Prompt, A
     }
 }
 
-fn check_vocab(prompt: &Prompt, vocab_size: usize) -> Result<(), ApiError> {
-    if let Prompt::Tokens(ids) = prompt {
-        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(ApiError::invalid(
-                Some("prompt"),
-                format!("token id {id} is outside the vocabulary of {vocab_size} tokens"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// `POST /completion`.
 #[utoipa::path(post, path = "/completion", request_body(content = Object, description = "llama.cpp's completion request: `prompt`, `n_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `n_probs`, `logit_bias`, `json_schema`, `stream`"),
     responses(
@@ -245,16 +233,7 @@ pub async fn infill(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_json_object(&req, payload, state.config.max_body).await?;
-    let text = |field: &str| -> Result<String, ApiError> {
-        match body.get(field) {
-            None | Some(Value::Null) => Ok(String::new()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(ApiError::invalid(
-                Some(field),
-                format!("`{field}` must be a string, got `{other}`"),
-            )),
-        }
-    };
+    let text = |field: &str| optional_string(&body, field);
     let (before, after, started) = (
         text("input_prefix")?,
         text("input_suffix")?,
@@ -316,7 +295,7 @@ async fn run(
     prompt: Prompt,
 ) -> Result<HttpResponse, ApiError> {
     let engine = state.engine()?;
-    check_vocab(&prompt, engine.info().vocab_size)?;
+    super::completions::check_token_ids(&prompt, engine.info().vocab_size)?;
     let fields = Value::Object(openai_fields(&body)?);
     let params: GenerationParams = from_value(&fields).map_err(llama_param)?;
     let n_probs = match body.get("n_probs") {
@@ -395,15 +374,8 @@ fn token_probabilities(
     logprobs: &[Option<f32>],
     top: &[Vec<(u32, f32)>],
 ) -> Value {
-    let text = |id: u32| {
-        state
-            .detokenizer()
-            .ok()
-            .and_then(|d| d(&[id]).ok())
-            .unwrap_or_default()
-    };
     let entry = |id: u32, logprob: f32| {
-        let token = text(id);
+        let token = state.token_text(id);
         json!({"id": id, "token": token, "bytes": token.as_bytes(), "logprob": logprob})
     };
     ids.iter()

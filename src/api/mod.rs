@@ -165,6 +165,14 @@ impl AppState {
         self.detokenizer.get().ok_or_else(ApiError::loading)
     }
 
+    /// One token's text, as logprobs list it (empty while loading or for an unknown id).
+    pub fn token_text(&self, id: u32) -> String {
+        self.detokenizer()
+            .ok()
+            .and_then(|d| d(&[id]).ok())
+            .unwrap_or_default()
+    }
+
     /// `None` when `name` is absent (accepted); an error when it names another model.
     pub fn check_model(&self, name: Option<&str>) -> Result<(), ApiError> {
         match name {

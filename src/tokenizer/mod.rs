@@ -18,7 +18,7 @@ pub mod actor;
 mod gguf;
 mod incremental;
 mod pyjson;
-mod template;
+pub(crate) mod template;
 
 pub use gguf::{load_tokenizer, tokenizer_from_gguf};
 pub use incremental::IncrementalDecoder;

@@ -317,7 +317,7 @@ fn strftime_utc(unix_secs: i64, format: &str) -> String {
 
 /// Days since 1970-01-01 → (year, month 1..=12, day 1..=31), proleptic Gregorian
 /// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

@@ -20,12 +20,13 @@ pub mod request;
 use super::auth::Authorized;
 use super::chat_prompt;
 use super::disconnect::Peer;
-use super::errors::{from_value, read_json_object, ApiError};
+use super::errors::{from_value, optional_string, read_json_object, ApiError};
 use super::generate::{self, collect_all, submit_all};
 use super::tool_calls::ToolCallParser;
 use super::types::{ChatCompletionRequest, GenerationParams};
 use super::AppState;
 use crate::engine::{Engine, EventStream, Prompt};
+use crate::tokenizer::template::civil_from_days;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures::StreamExt;
@@ -211,16 +212,7 @@ pub async fn generate(
     let body = read_json_object(&req, payload, state.config.max_body).await?;
     let model = requested_model(&state, &body)?;
     let stream = wants_stream(&body)?;
-    let text = |field: &str| -> Result<String, ApiError> {
-        match body.get(field) {
-            None | Some(Value::Null) => Ok(String::new()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(ApiError::invalid(
-                Some(field),
-                format!("`{field}` must be a string, got `{other}`"),
-            )),
-        }
-    };
+    let text = |field: &str| optional_string(&body, field);
     let (prompt_text, suffix, system) = (text("prompt")?, text("suffix")?, text("system")?);
     let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
     refuse_unsupported_generate_fields(&body, &text("template")?)?;
@@ -490,20 +482,6 @@ pub fn rfc3339(time: SystemTime) -> String {
         in_day % 60,
         since.subsec_nanos()
     )
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
