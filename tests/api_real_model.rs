@@ -352,11 +352,16 @@ async fn llama_cpp_completion_and_infill_routes_answer_as_llama_cpp_does() {
 
     let refused = post(
         &s.at("/completion"),
-        &json!({"prompt": "x", "grammar": "root ::= \"a\""}),
+        &json!({"prompt": "x", "grammar": "root ::= \"a"}),
     )
     .await;
     assert_eq!(refused.status, 400);
     assert_eq!(refused.error()["param"], "grammar");
+    assert!(
+        refused.text().contains("unterminated string"),
+        "{}",
+        refused.text()
+    );
     let refused = post(
         &s.at("/completion"),
         &json!({"prompt": "x", "n_predict": 5000}),

@@ -367,3 +367,148 @@ async fn vllm_guided_fields_constrain_the_reply() {
     let reply = post(&s.at("/v1/chat/completions"), &bad).await;
     assert_eq!(reply.error()["param"], "guided_json", "{}", reply.text());
 }
+
+/// vLLM's example grammar (`guided_grammar` with xgrammar), in GBNF.
+const SQL_GBNF: &str = r#"
+root ::= select-statement
+# a comment, as grammar files have
+select-statement ::= "SELECT " column (", " column)* " FROM " table ";"
+column ::= [a-z_]{1,20}
+table  ::= [a-z_]{1,20}
+"#;
+
+/// Panics unless `text` is `SELECT a, b FROM t;` with lowercase identifiers.
+fn check_sql(text: &str) {
+    let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+    let body = text
+        .strip_prefix("SELECT ")
+        .and_then(|t| t.strip_suffix(';'))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let (columns, table) = body
+        .split_once(" FROM ")
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(columns.split(", ").all(ident) && ident(table), "{text:?}");
+}
+
+#[actix_rt::test]
+async fn grammars_constrain_the_reply_and_ignore_eos_runs_to_max_tokens() {
+    let s = server();
+    let ask = |extra: Value| {
+        let mut body = chat(extra);
+        body["messages"] = json!([{"role": "user", "content": "Write a SQL query for the names and emails of all users."}]);
+        body
+    };
+    // Unconstrained, the model answers in prose and markdown.
+    let (prose, _) = content(&s, &ask(json!({}))).await;
+    assert!(!prose.starts_with("SELECT "), "{prose:?}");
+
+    // GBNF (vLLM's `guided_grammar`, llama.cpp's `grammar` on its OpenAI routes) and the same
+    // grammar in Lark all give a bare query that the grammar ends.
+    let lark = "start: \"SELECT \" column (\", \" column)* \" FROM \" table \";\"\n\
+                column: /[a-z_]{1,20}/\ntable: /[a-z_]{1,20}/";
+    let mut replies = Vec::new();
+    for extra in [
+        json!({"guided_grammar": SQL_GBNF}),
+        json!({"grammar": SQL_GBNF}),
+        json!({"guided_grammar": lark}),
+    ] {
+        let (text, finish) = content(&s, &ask(extra.clone())).await;
+        check_sql(&text);
+        assert_eq!(finish, "stop", "{extra}: {text:?}");
+        replies.push(text);
+    }
+    assert_eq!(replies[0], replies[1]);
+    assert!(replies[0].contains("email"), "{replies:?}");
+
+    // llama.cpp's `/completion` with a GBNF list grammar.
+    let list = "root ::= item{3}\nitem ::= \"- \" [A-Z] [a-z]{1,15} \"\\n\"";
+    let reply = post(
+        &s.at("/completion"),
+        &json!({"prompt": "Three fruits, one per line:\n", "grammar": list,
+                "n_predict": 40, "temperature": 0}),
+    )
+    .await
+    .json();
+    let text = reply["content"].as_str().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{reply}");
+    for line in lines {
+        let word = line
+            .strip_prefix("- ")
+            .unwrap_or_else(|| panic!("{text:?}"));
+        assert!(
+            word.chars().next().unwrap().is_ascii_uppercase(),
+            "{text:?}"
+        );
+        assert!(
+            word[1..].chars().all(|c| c.is_ascii_lowercase()),
+            "{text:?}"
+        );
+    }
+    assert_eq!(reply["stop_type"], "eos", "{reply}");
+
+    // `ignore_eos`: the greedy reply goes on past where it ended, to `max_tokens`.
+    let say_hi = |extra: Value| {
+        let mut body = chat(extra);
+        body["messages"] = json!([{"role": "user", "content": "Say hi."}]);
+        body["max_tokens"] = json!(48);
+        body
+    };
+    let short = post(&s.at("/v1/chat/completions"), &say_hi(json!({})))
+        .await
+        .json();
+    let long = post(
+        &s.at("/v1/chat/completions"),
+        &say_hi(json!({"ignore_eos": true})),
+    )
+    .await
+    .json();
+    assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    assert!(
+        short["usage"]["completion_tokens"].as_u64().unwrap() < 48,
+        "{short}"
+    );
+    assert_eq!(long["choices"][0]["finish_reason"], "length", "{long}");
+    assert_eq!(long["usage"]["completion_tokens"], 48, "{long}");
+    let short_text = short["choices"][0]["message"]["content"].as_str().unwrap();
+    let long_text = long["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        long_text.starts_with(short_text) && long_text.len() > short_text.len(),
+        "{short_text:?} / {long_text:?}"
+    );
+
+    // Errors name the field (and for GBNF, the line); a grammar and a schema are refused
+    // together; the server still serves.
+    let bad = post(
+        &s.at("/v1/chat/completions"),
+        &ask(json!({"guided_grammar": "root ::= item\n\nitem ::= [a-z"})),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert_eq!(bad.error()["param"], "guided_grammar");
+    let message = bad.error()["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("line 3") && message.contains("character class"),
+        "{message}"
+    );
+    let bad = post(
+        &s.at("/v1/chat/completions"),
+        &ask(json!({"guided_grammar": "start: undefined_rule"})),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert_eq!(bad.error()["param"], "guided_grammar", "{}", bad.text());
+    let bad = post(
+        &s.at("/completion"),
+        &json!({"prompt": "x", "grammar": "value ::= \"a\""}),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert_eq!(bad.error()["param"], "grammar");
+    assert!(bad.text().contains("root"), "{}", bad.text());
+    let both = ask(json!({"grammar": SQL_GBNF, "guided_json": {"type": "object"}}));
+    let reply = post(&s.at("/v1/chat/completions"), &both).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    let (text, _) = content(&s, &ask(json!({"max_tokens": 4}))).await;
+    assert!(!text.is_empty());
+}

@@ -42,6 +42,8 @@ pub struct Plan {
     pub format_param: &'static str,
     /// Score the prompt's tokens too, with this many alternatives each (`echo` + `logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// Banned end tokens (`ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 impl Plan {
@@ -93,7 +95,8 @@ pub fn output_format(format: Option<&serde_json::Value>) -> Result<Option<Output
 }
 
 /// The output format and the field it came from: `response_format` or one of vLLM's
-/// `guided_json`, `guided_regex`, `guided_choice` (at most one of them).
+/// `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, or llama.cpp's `grammar`
+/// (at most one of them).
 fn guided_format(p: &GenerationParams) -> Result<(Option<OutputFormat>, &'static str), ApiError> {
     let mut given = Vec::new();
     if let Some(f) = output_format(p.response_format.as_ref())? {
@@ -115,6 +118,12 @@ fn guided_format(p: &GenerationParams) -> Result<(Option<OutputFormat>, &'static
         }
         given.push((OutputFormat::Choice(options.clone()), "guided_choice"));
     }
+    if let Some(text) = &p.guided_grammar {
+        given.push((grammar_format(text, "guided_grammar")?, "guided_grammar"));
+    }
+    if let Some(text) = p.grammar.as_ref().filter(|g| !g.trim().is_empty()) {
+        given.push((grammar_format(text, "grammar")?, "grammar"));
+    }
     match given.len() {
         0 => Ok((None, "response_format")),
         1 => {
@@ -129,6 +138,26 @@ fn guided_format(p: &GenerationParams) -> Result<(Option<OutputFormat>, &'static
             ),
         )),
     }
+}
+
+/// A grammar field as an output format. `grammar` (llama.cpp's) is GBNF unless it begins with
+/// `%llguidance`, as in llama.cpp; `guided_grammar` (vLLM's) is GBNF when a line has `::=`,
+/// else Lark, as vLLM tells them apart. GBNF errors are refused here, Lark's when compiled.
+fn grammar_format(text: &str, param: &'static str) -> Result<OutputFormat, ApiError> {
+    use crate::sampling::gbnf;
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!("`{param}` is empty"),
+        ));
+    }
+    let lark = text.trim_start().starts_with("%llguidance")
+        || (param == "guided_grammar" && !gbnf::looks_like_gbnf(text));
+    if lark {
+        return Ok(OutputFormat::Lark(text.to_string()));
+    }
+    let translated = gbnf::to_lark(text).map_err(|m| ApiError::invalid(Some(param), m))?;
+    Ok(OutputFormat::Lark(translated))
 }
 
 /// A JSON Schema as an output format; none (or `true`) means any JSON value.
@@ -195,6 +224,7 @@ pub fn plan(
         format,
         format_param,
         prompt_logprobs: None,
+        ignore_eos: p.ignore_eos.unwrap_or(false),
     })
 }
 
@@ -330,6 +360,7 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.speculative = plan.speculative;
         req.format = plan.format.clone();
         req.prompt_logprobs = plan.prompt_logprobs;
+        req.ignore_eos = plan.ignore_eos;
         let refused =
             |e| ApiError::from(e).with_param_renamed("response_format", plan.format_param);
         streams.push(engine.submit(req).await.map_err(refused)?);

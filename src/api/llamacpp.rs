@@ -8,9 +8,10 @@
 //! The reply is llama.cpp's: `content`, `stop`, `tokens_predicted`, `tokens_evaluated`,
 //! `tokens_cached`, `stop_type`, `timings`, and `completion_probabilities` with `n_probs`;
 //! streamed as SSE `data:` objects without a closing `[DONE]`, as llama.cpp sends them.
-//! Differences, on purpose: a prompt over the window is refused (400) instead of truncated;
-//! `grammar` (GBNF) and `ignore_eos` are refused with a 400 naming them; `stop_type` is `eos`
-//! for a stop string too (`stopping_word` is empty).
+//! `grammar` (GBNF, see `sampling::gbnf`) and `json_schema` constrain the output as in
+//! llama.cpp; `ignore_eos` bans the end tokens. Differences, on purpose: a prompt over the
+//! window is refused (400) instead of truncated; `stop_type` is `eos` for a stop string too
+//! (`stopping_word` is empty).
 
 use super::auth::Authorized;
 use super::disconnect::Peer;
@@ -49,17 +50,6 @@ const NUMERIC: [(&str, &str); 7] = [
 
 /// The fields every route shares, as a `/v1/completions` body (without the prompt).
 fn openai_fields(body: &Value) -> Result<Map<String, Value>, ApiError> {
-    for refused in ["grammar", "ignore_eos"] {
-        if body
-            .get(refused)
-            .is_some_and(|v| !v.is_null() && v != false && v != "")
-        {
-            return Err(ApiError::invalid(
-                Some(refused),
-                format!("`{refused}` is not supported by this server (use `json_schema` to constrain the output)"),
-            ));
-        }
-    }
     let mut out = Map::new();
     for (field, openai) in NUMERIC {
         if let Some(v) = body.get(field).filter(|v| !v.is_null()) {
@@ -110,6 +100,12 @@ fn openai_fields(body: &Value) -> Result<Map<String, Value>, ApiError> {
     }
     if let Some(schema) = body.get("json_schema").filter(|s| !s.is_null()) {
         out.insert("guided_json".into(), schema.clone());
+    }
+    // Type-checked when the body is read as OpenAI fields.
+    for field in ["grammar", "ignore_eos"] {
+        if let Some(v) = body.get(field).filter(|v| !v.is_null()) {
+            out.insert(field.into(), v.clone());
+        }
     }
     Ok(out)
 }
@@ -491,6 +487,9 @@ mod tests {
         assert_eq!(out["logit_bias"], json!({"15": -100, "16": 2.5}));
         assert_eq!(out["guided_json"], json!({"type": "object"}));
         assert_eq!(out["temperature"], json!(0.8));
+        let g = openai_fields(&json!({"grammar": "root ::= \"a\"", "ignore_eos": true})).unwrap();
+        assert_eq!(g["grammar"], json!("root ::= \"a\""));
+        assert_eq!(g["ignore_eos"], json!(true));
         let unlimited = openai_fields(&json!({"n_predict": -1})).unwrap();
         assert!(unlimited.get("max_tokens").is_none());
     }
@@ -498,8 +497,6 @@ mod tests {
     #[test]
     fn refusals_name_llama_fields() {
         let param = |body: Value| openai_fields(&body).unwrap_err().param.clone().unwrap();
-        assert_eq!(param(json!({"grammar": "root ::= \"a\""})), "grammar");
-        assert_eq!(param(json!({"ignore_eos": true})), "ignore_eos");
         assert_eq!(param(json!({"n_predict": 0})), "n_predict");
         assert_eq!(param(json!({"logit_bias": [[1]]})), "logit_bias");
         assert_eq!(param(json!({"top_k": "many"})), "top_k");

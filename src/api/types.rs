@@ -51,6 +51,15 @@ pub struct GenerationParams {
     pub guided_regex: Option<String>,
     /// vLLM extension: the output is exactly one of these strings.
     pub guided_choice: Option<Vec<String>>,
+    /// vLLM extension: the output matches this grammar, GBNF (llama.cpp's format, told by its
+    /// `::=`) or Lark (llguidance's dialect, from a `start` rule).
+    pub guided_grammar: Option<String>,
+    /// llama.cpp extension: the output matches this GBNF grammar (Lark when it begins with
+    /// `%llguidance`); empty means none.
+    pub grammar: Option<String>,
+    /// vLLM / llama.cpp extension: never stop on the model's end tokens (they are banned), only
+    /// at `max_tokens`, a stop string or the end of an output grammar.
+    pub ignore_eos: Option<bool>,
 }
 
 /// The request field `speculative`: on/off, or one drafter by name.

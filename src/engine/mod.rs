@@ -132,6 +132,8 @@ pub struct Engine {
     mtp: Option<Addr<MtpWorker>>,
     /// Compiles `response_format` grammars over the model's vocabulary.
     grammars: Arc<Grammars>,
+    /// The tokens that end a reply (banned for a request with `ignore_eos`).
+    stop_token_ids: Arc<[u32]>,
     next_stream_id: AtomicU64,
 }
 
@@ -278,7 +280,7 @@ impl Engine {
             },
             max_queue: cfg.max_queue,
             context_window,
-            stop_token_ids: bundle.stop_token_ids,
+            stop_token_ids: bundle.stop_token_ids.clone(),
             spec: speculative,
             worker: worker.clone(),
             pool: pool.clone(),
@@ -299,6 +301,7 @@ impl Engine {
             draft,
             mtp,
             grammars,
+            stop_token_ids: bundle.stop_token_ids.into(),
             next_stream_id: AtomicU64::new(0),
         })
     }
@@ -370,7 +373,7 @@ impl Engine {
     }
 
     /// Admits a request and returns its event stream, or refuses it before any inference.
-    pub async fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+    pub async fn submit(&self, mut req: GenerateRequest) -> Result<EventStream, EngineError> {
         let drafters = self
             .info
             .speculative
@@ -378,6 +381,15 @@ impl Engine {
             .map_err(EngineError::InvalidRequest)?;
         let tokens = self.tokenize(&req.prompt).await?;
         let max_tokens = self.admit(tokens.len(), req.max_tokens)?;
+        if req.ignore_eos {
+            // llama.cpp's and vLLM's `ignore_eos`: the reply runs to `max_tokens` (or a stop
+            // string, or the end of an output grammar, which still ends it).
+            for &id in self.stop_token_ids.iter() {
+                req.sampling
+                    .logit_bias
+                    .insert(id, crate::sampling::BAN_BIAS);
+            }
+        }
         req.sampling
             .validate_for_vocab(self.info.vocab_size)
             .map_err(invalid_param)?;

@@ -54,6 +54,9 @@ pub struct GenerateRequest {
     /// alternatives each: an [`EngineEvent::PromptLogprobs`] comes before the first token. The
     /// prompt is then computed in full (no reuse from the session or the prefix cache).
     pub prompt_logprobs: Option<usize>,
+    /// Never end on a stop token (they are banned): only `max_tokens`, a stop string or a
+    /// complete output grammar end the reply. For benchmarks and fixed-length generation.
+    pub ignore_eos: bool,
 }
 
 impl GenerateRequest {
@@ -70,6 +73,7 @@ impl GenerateRequest {
             verification: None,
             format: None,
             prompt_logprobs: None,
+            ignore_eos: false,
         }
     }
 }

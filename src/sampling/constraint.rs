@@ -34,6 +34,9 @@ pub enum OutputFormat {
     Choice(Vec<String>),
     /// Text of this Lark grammar (llguidance's dialect): forced tool calls.
     ToolCalls(String),
+    /// Text of this Lark grammar (llguidance's dialect): vLLM's `guided_grammar` and
+    /// llama.cpp's `grammar`, GBNF translated by [`super::gbnf`].
+    Lark(String),
 }
 
 impl OutputFormat {
@@ -50,7 +53,9 @@ impl OutputFormat {
         let mut schema = match self {
             OutputFormat::JsonObject => serde_json::json!({"type": "object"}),
             OutputFormat::JsonSchema(s) => s.clone(),
-            OutputFormat::ToolCalls(lark) => return TopLevelGrammar::from_lark(lark.clone()),
+            OutputFormat::ToolCalls(lark) | OutputFormat::Lark(lark) => {
+                return TopLevelGrammar::from_lark(lark.clone())
+            }
             OutputFormat::Regex(rx) => return TopLevelGrammar::from_regex(rx),
             OutputFormat::Choice(options) => {
                 // Lark string literals use JSON string syntax.

@@ -38,6 +38,7 @@
 
 mod constraint;
 mod distribution;
+pub mod gbnf;
 mod kernels;
 mod params;
 mod penalties;

@@ -203,3 +203,32 @@ def test_structured_output_parses_into_the_pydantic_model(client):
     # json_object: the reply starts an object.
     r = greedy(client, response_format={"type": "json_object"}, max_tokens=8)
     assert r.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_grammars_and_ignore_eos_through_extra_body(client):
+    # What vLLM's and llama.cpp's users send through the SDK's `extra_body`: a GBNF grammar
+    # (`guided_grammar`, or llama.cpp's `grammar`), a Lark one, and `ignore_eos`. The random
+    # model can only write text of the grammar under it, and the grammar ends the reply.
+    gbnf = 'root ::= ("yes" | "no") ", " [0-9]{2} " " word\nword ::= [a-z]{1,8}'
+    lark = 'start: ("yes" | "no") ", " /[0-9]{2}/ " " /[a-z]{1,8}/'
+    texts = []
+    for extra in ({"guided_grammar": gbnf}, {"grammar": gbnf}, {"guided_grammar": lark}):
+        r = greedy(client, max_tokens=40, extra_body=extra)
+        choice = r.choices[0]
+        head, _, tail = choice.message.content.partition(", ")
+        number, _, word = tail.partition(" ")
+        assert head in ("yes", "no"), choice.message.content
+        assert len(number) == 2 and number.isdigit(), choice.message.content
+        assert 1 <= len(word) <= 8 and word.isalpha() and word.islower(), choice.message.content
+        assert choice.finish_reason == "stop"
+        texts.append(choice.message.content)
+    assert texts[0] == texts[1] == texts[2]
+    r = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=20, extra_body={"ignore_eos": True}
+    )
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 20
+    with pytest.raises(openai.BadRequestError) as e:
+        greedy(client, extra_body={"guided_grammar": "root ::= [a-"})
+    assert e.value.body["param"] == "guided_grammar"
+    assert "character class" in e.value.body["message"]
