@@ -312,6 +312,21 @@ async fn llama_cpp_completion_and_infill_routes_answer_as_llama_cpp_does() {
     assert_eq!(native["tokens_predicted"], 16);
     assert_eq!(native["tokens_evaluated"], openai["usage"]["prompt_tokens"]);
     assert_eq!(native["timings"]["predicted_n"], 16);
+    // A stop string: `stop_type` `word`, naming it.
+    let content = native["content"].as_str().unwrap();
+    let word = content.split_whitespace().nth(1).unwrap();
+    let mut stopped = body.clone();
+    stopped["stop"] = json!([word]);
+    let cut = post(&s.at("/completion"), &stopped).await.json();
+    assert_eq!(
+        (cut["stop_type"].as_str(), cut["stopping_word"].as_str()),
+        (Some("word"), Some(word)),
+        "{cut}"
+    );
+    assert!(
+        content.starts_with(cut["content"].as_str().unwrap()),
+        "{cut}"
+    );
     // Streamed: `data:` objects whose `content` adds up, the last with `stop: true`, and no
     // `[DONE]` (llama.cpp's native stream has none).
     let mut streamed = body.clone();

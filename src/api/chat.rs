@@ -331,7 +331,7 @@ impl ChatStream {
                     queue.push_back(self.chunk(index, delta_of(piece), None, lp.take(), depths));
                 }
             }
-            EngineEvent::Finished { reason, usage } => {
+            EngineEvent::Finished { reason, usage, .. } => {
                 for piece in self.parsers[index].finish() {
                     queue.push_back(self.chunk(index, delta_of(piece), None, None, Vec::new()));
                 }

@@ -369,7 +369,7 @@ fn text_frames(
                                 queue.push_back(frame(vec![c], None, None));
                             }
                         }
-                        EngineEvent::Finished { reason, usage } => {
+                        EngineEvent::Finished { reason, usage, .. } => {
                             let finish = Some(finish_reason(reason, false));
                             queue.push_back(frame(
                                 vec![choice(String::new(), finish)],

@@ -379,6 +379,8 @@ pub struct Collected {
     pub usage: EngineUsage,
     /// The prompt's tokens scored, when the request asked ([`Plan::prompt_logprobs`]).
     pub prompt: Option<PromptScores>,
+    /// The stop string that ended the reply, when one did.
+    pub stop_string: Option<String>,
 }
 
 /// A prompt's tokens with their log-probabilities (the first token's is `None`).
@@ -434,9 +436,14 @@ pub async fn collect(mut stream: EventStream, metrics: &Metrics) -> Result<Colle
                     top_logprobs,
                 })
             }
-            EngineEvent::Finished { reason, usage } => {
+            EngineEvent::Finished {
+                reason,
+                usage,
+                stop_string,
+            } => {
                 out.finish = Some(reason);
                 out.usage = usage;
+                out.stop_string = stop_string;
             }
             EngineEvent::Error(e) => return Err(e.into()),
         }

@@ -10,8 +10,7 @@
 //! streamed as SSE `data:` objects without a closing `[DONE]`, as llama.cpp sends them.
 //! `grammar` (GBNF, see `sampling::gbnf`) and `json_schema` constrain the output as in
 //! llama.cpp; `ignore_eos` bans the end tokens. Differences, on purpose: a prompt over the
-//! window is refused (400) instead of truncated; `stop_type` is `eos` for a stop string too
-//! (`stopping_word` is empty).
+//! window is refused (400) instead of truncated.
 
 use super::auth::Authorized;
 use super::disconnect::Peer;
@@ -321,7 +320,13 @@ async fn run(
     let mut collected = collect_all(vec![events], &state.metrics, Peer::of(&req)).await?;
     let c = collected.remove(0);
     generate::count_usage(&state.metrics, &c.usage);
-    let mut reply = final_object(&model, &c.text, c.finish, &c.usage);
+    let mut reply = final_object(
+        &model,
+        &c.text,
+        c.finish,
+        c.stop_string.as_deref(),
+        &c.usage,
+    );
     if n_probs > 0 {
         reply["completion_probabilities"] = probabilities(&state, &c);
     }
@@ -333,11 +338,13 @@ fn final_object(
     model: &str,
     content: &str,
     finish: Option<FinishReason>,
+    stop_string: Option<&str>,
     u: &EngineUsage,
 ) -> Value {
-    let stop_type = match finish {
-        Some(FinishReason::Length) => "limit",
-        Some(FinishReason::Stop) => "eos",
+    let stop_type = match (finish, stop_string) {
+        (Some(FinishReason::Length), _) => "limit",
+        (Some(FinishReason::Stop), Some(_)) => "word",
+        (Some(FinishReason::Stop), None) => "eos",
         _ => "none",
     };
     json!({
@@ -353,7 +360,7 @@ fn final_object(
         "truncated": false,
         "has_new_line": content.contains('\n'),
         "stop_type": stop_type,
-        "stopping_word": "",
+        "stopping_word": stop_string.unwrap_or(""),
         "timings": generate::timings(u),
     })
 }
@@ -436,12 +443,15 @@ fn frames(
                         }
                         (sse::data(&chunk), false)
                     }
-                    EngineEvent::Finished { reason, usage } => {
+                    EngineEvent::Finished {
+                        reason,
+                        usage,
+                        stop_string,
+                    } => {
                         generate::count_usage(&state.metrics, &usage);
-                        (
-                            sse::data(&final_object(&model, "", Some(reason), &usage)),
-                            true,
-                        )
+                        let last =
+                            final_object(&model, "", Some(reason), stop_string.as_deref(), &usage);
+                        (sse::data(&last), true)
                     }
                     EngineEvent::Error(e) => (sse::data(&ApiError::from(e).body()), true),
                 };

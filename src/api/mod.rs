@@ -22,6 +22,7 @@
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
 //! | `POST /api/chat`, `/api/generate`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
 //! | `POST /completion` (and `/completions`), `/infill`; `GET /props` | [`llamacpp`]: llama.cpp's native routes |
+//! | `POST /v1/messages`, `/v1/messages/count_tokens` | [`anthropic`]: Anthropic's Messages API |
 //! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
 //! | `GET /openapi.json` | [`openapi`] |
 //!
@@ -29,6 +30,7 @@
 //! the playground's static files
 //! needs it ([`auth`]), and session ids (`X-Session-Id`) are scoped to that key.
 
+pub mod anthropic;
 pub mod auth;
 mod bare_tool_calls;
 pub mod chat;
@@ -321,6 +323,16 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         [web::post().to(llamacpp::infill)],
                     ))
                     .service(endpoint("/props", "GET", [web::get().to(llamacpp::props)]))
+                    .service(endpoint(
+                        "/v1/messages",
+                        "POST",
+                        [web::post().to(anthropic::messages)],
+                    ))
+                    .service(endpoint(
+                        "/v1/messages/count_tokens",
+                        "POST",
+                        [web::post().to(anthropic::count_tokens)],
+                    ))
                     .service(endpoint(
                         "/api/chat",
                         "POST",

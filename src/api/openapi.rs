@@ -1,6 +1,7 @@
 //! `GET /openapi.json`: an OpenAPI 3 description of every route, generated from the wire types
 //! and the handlers' `#[utoipa::path]` annotations (fuzzers and SDK generators read it).
 
+use super::anthropic;
 use super::ollama::{self, OllamaErrorBody};
 use super::responses::{self, types::*};
 use super::{chat, completions, health, llamacpp, metrics, models, stats, tokens, types::*, ws};
@@ -12,7 +13,7 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(
         title = "mtpx",
-        description = "OpenAI-compatible inference server for coding agents and chat (Ollama's /api routes too). With an API key configured, every route but /health, /metrics and /openapi.json needs `Authorization: Bearer KEY` or `X-API-Key: KEY`."
+        description = "OpenAI-compatible inference server for coding agents and chat (Ollama's /api routes, llama.cpp's and Anthropic's Messages API too). With an API key configured, every route but /health, /metrics and /openapi.json needs `Authorization: Bearer KEY` or `X-API-Key: KEY`."
     ),
     paths(
         chat::chat_completions,
@@ -38,6 +39,8 @@ use utoipa::{Modify, OpenApi};
         llamacpp::completion,
         llamacpp::infill,
         llamacpp::props,
+        anthropic::messages,
+        anthropic::count_tokens,
     ),
     components(schemas(
         ChatCompletionRequest, ChatMessage, Role, MessageContent, ContentPart, Tool, FunctionDef,

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Allow binding a non-loopback address without an API key.
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Another name requests may give for the served model (repeat for several): the names
+    /// an existing client asks for, e.g. Claude Code's `claude-sonnet-4-5` and haiku models.
+    #[arg(long = "alias", value_name = "NAME")]
+    pub aliases: Vec<String>,
     /// Most tokens computed per engine step.
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,
@@ -162,6 +166,7 @@ async fn run(args: ServeArgs) -> Result<()> {
     let model_id = args.model_id();
     let mut config = ApiConfig::new(model_id.clone());
     config.aliases = vec![args.model.model.clone()];
+    config.aliases.extend(args.aliases.iter().cloned());
     config.api_keys = args.api_keys();
     config.max_body = args.max_body;
     config.keep_alive = Duration::from_secs(args.sse_keep_alive.max(1));

@@ -24,6 +24,14 @@ pub fn data(value: &impl Serialize) -> Bytes {
     Bytes::from(format!("data: {json}\n\n"))
 }
 
+/// One named event (`event: name` then its `data:`), as Anthropic's streams send them.
+pub fn event(name: &str, value: &impl Serialize) -> Bytes {
+    let data = data(value);
+    let mut frame = format!("event: {name}\n").into_bytes();
+    frame.extend_from_slice(&data);
+    Bytes::from(frame)
+}
+
 /// The last frame of every stream.
 pub fn done() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")

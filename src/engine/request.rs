@@ -107,6 +107,8 @@ pub enum EngineEvent {
     Finished {
         reason: FinishReason,
         usage: Usage,
+        /// The stop string that ended the reply, when one did (`reason` is then `Stop`).
+        stop_string: Option<String>,
     },
     Error(EngineError),
 }

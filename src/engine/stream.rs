@@ -101,7 +101,8 @@ impl StreamTask {
                         start: held.len(),
                     });
                     held.push_str(&text);
-                    let (emit, stopped) = self.split_at_stop(&mut held, false);
+                    let (emit, stop_string) = self.split_at_stop(&mut held, false);
+                    let stopped = stop_string.is_some();
                     let tokens = release(&mut held_tokens, emit.len(), held.len(), stopped);
                     if (!emit.is_empty() || !tokens.is_empty())
                         && self.to_client.send(delta(emit, tokens)).is_err()
@@ -123,6 +124,7 @@ impl StreamTask {
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,
                             usage,
+                            stop_string,
                         });
                         break;
                     }
@@ -143,13 +145,18 @@ impl StreamTask {
                 }
                 SeqEvent::Finished { reason, usage } => {
                     held.push_str(&self.detokenize(Vec::new(), true).await);
-                    let (emit, stopped) = self.split_at_stop(&mut held, true);
+                    let (emit, stop_string) = self.split_at_stop(&mut held, true);
+                    let stopped = stop_string.is_some();
                     let tokens = release(&mut held_tokens, emit.len(), held.len(), stopped);
                     if !emit.is_empty() || !tokens.is_empty() {
                         let _ = self.to_client.send(delta(emit, tokens));
                     }
                     let reason = if stopped { FinishReason::Stop } else { reason };
-                    let _ = self.to_client.send(EngineEvent::Finished { reason, usage });
+                    let _ = self.to_client.send(EngineEvent::Finished {
+                        reason,
+                        usage,
+                        stop_string,
+                    });
                     break;
                 }
                 SeqEvent::Error(e) => {
@@ -173,16 +180,25 @@ impl StreamTask {
     }
 
     /// Takes from `held` the text that can be emitted: everything before a stop string (then
-    /// `true`), or everything except a tail that could still become one. At the end of the
-    /// stream (`last`) nothing is held back.
-    fn split_at_stop(&self, held: &mut String, last: bool) -> (String, bool) {
-        if let Some(at) = self.stop.iter().filter_map(|s| held.find(s.as_str())).min() {
+    /// that string: the earliest match, the longest of those starting there), or everything
+    /// except a tail that could still become one. At the end of the stream (`last`) nothing is
+    /// held back.
+    fn split_at_stop(&self, held: &mut String, last: bool) -> (String, Option<String>) {
+        let matched = self
+            .stop
+            .iter()
+            .filter_map(|s| {
+                held.find(s.as_str())
+                    .map(|at| (at, std::cmp::Reverse(s.len()), s))
+            })
+            .min();
+        if let Some((at, _, stop)) = matched {
             let emit = held[..at].to_string();
             held.clear();
-            return (emit, true);
+            return (emit, Some(stop.clone()));
         }
         if last {
-            return (std::mem::take(held), false);
+            return (std::mem::take(held), None);
         }
         let keep = self
             .stop
@@ -193,7 +209,7 @@ impl StreamTask {
         let cut = held.len() - keep;
         let emit = held[..cut].to_string();
         held.replace_range(..cut, "");
-        (emit, false)
+        (emit, None)
     }
 }
 

@@ -119,7 +119,7 @@ pub async fn drain(mut stream: EventStream) -> Outcome {
                 );
                 out.prompt_logprobs = Some((token_ids, logprobs, top_logprobs));
             }
-            EngineEvent::Finished { reason, usage } => {
+            EngineEvent::Finished { reason, usage, .. } => {
                 out.finish = Some(reason);
                 out.usage = usage;
             }

@@ -216,7 +216,7 @@ impl Streaming {
                 self.send(pieces, queue);
                 false
             }
-            EngineEvent::Finished { reason, usage } => {
+            EngineEvent::Finished { reason, usage, .. } => {
                 let pieces = self.ctx.parser.finish();
                 self.send(pieces, queue);
                 generate::count_usage(&self.state.metrics, &usage);

@@ -293,7 +293,7 @@ pub async fn run(
                     }
                 }
             }
-            Some(EngineEvent::Finished { reason, usage }) => {
+            Some(EngineEvent::Finished { reason, usage, .. }) => {
                 let ending = match reason {
                     FinishReason::Stop => Ending::Completed,
                     FinishReason::Length => Ending::Length,
