@@ -185,6 +185,41 @@ impl ResponseError for ApiError {
     }
 }
 
+/// How another API (Ollama's, Anthropic's) writes an error body.
+pub trait ErrorShape: fmt::Debug + 'static {
+    fn body(e: &ApiError) -> Value;
+}
+
+/// An [`ApiError`] answered in the shape `S`: same status and `Retry-After`, `S`'s body.
+#[derive(Debug)]
+pub struct ShapedError<S>(pub ApiError, std::marker::PhantomData<S>);
+
+impl<S> From<ApiError> for ShapedError<S> {
+    fn from(e: ApiError) -> Self {
+        Self(e, std::marker::PhantomData)
+    }
+}
+
+impl<S> fmt::Display for ShapedError<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<S: ErrorShape> ResponseError for ShapedError<S> {
+    fn status_code(&self) -> StatusCode {
+        self.0.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut res = HttpResponse::build(self.0.status);
+        if let Some(seconds) = self.0.retry_after_s {
+            res.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        }
+        res.json(S::body(&self.0))
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         let message = e.to_string();

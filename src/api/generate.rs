@@ -15,7 +15,9 @@ use crate::sampling::{OutputFormat, SamplingParams};
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use crate::session::SessionKey;
 use crate::spec::{DraftSource, SpecChoice};
+use actix_web::web::Bytes;
 use actix_web::HttpRequest;
+use std::collections::VecDeque;
 
 /// The most choices one request may ask for.
 pub const MAX_CHOICES: usize = 8;
@@ -544,4 +546,39 @@ pub fn merge(
         })
         .boxed()
     }))
+}
+
+/// A reply written frame by frame from one request's engine events (Ollama's NDJSON lines,
+/// Anthropic's SSE events).
+pub trait EventFrames: 'static {
+    /// Handles one event, queueing its frames; `true` when the reply is over.
+    fn on_event(&mut self, event: EngineEvent, queue: &mut VecDeque<Bytes>) -> bool;
+}
+
+/// The frames already in `queue`, then those `reply` makes of `events` until it says the reply
+/// is over (or the events end).
+pub fn event_frames<R: EventFrames>(
+    reply: R,
+    events: EventStream,
+    queue: VecDeque<Bytes>,
+) -> futures::stream::LocalBoxStream<'static, Bytes> {
+    use futures::StreamExt;
+    futures::stream::unfold(
+        (reply, events, queue, false),
+        |(mut reply, mut events, mut queue, mut ended)| async move {
+            loop {
+                if let Some(frame) = queue.pop_front() {
+                    return Some((frame, (reply, events, queue, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                match events.recv().await {
+                    Some(event) => ended = reply.on_event(event, &mut queue),
+                    None => ended = true,
+                }
+            }
+        },
+    )
+    .boxed_local()
 }

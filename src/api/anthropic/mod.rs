@@ -19,47 +19,28 @@ mod request;
 use super::auth::Authorized;
 use super::chat_prompt;
 use super::disconnect::Peer;
-use super::errors::{from_value, read_json_object, ApiError};
+use super::errors::{from_value, read_json_object, ApiError, ErrorShape, ShapedError};
 use super::generate::{self, collect_all, submit_all};
 use super::sse;
 use super::tool_calls::ToolCallParser;
 use super::types::{ChatCompletionRequest, GenerationParams};
 use super::AppState;
 use crate::engine::Prompt;
-use actix_web::http::{header, StatusCode};
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest, HttpResponse};
 use reply::ReplyContext;
 use serde_json::{json, Value};
 
-/// An [`ApiError`] in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+/// Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`.
 #[derive(Debug)]
-pub struct AnthropicError(ApiError);
+pub struct AnthropicShape;
 
-impl From<ApiError> for AnthropicError {
-    fn from(e: ApiError) -> Self {
-        Self(e)
+impl ErrorShape for AnthropicShape {
+    fn body(e: &ApiError) -> Value {
+        error_body(e)
     }
 }
 
-impl std::fmt::Display for AnthropicError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl ResponseError for AnthropicError {
-    fn status_code(&self) -> StatusCode {
-        self.0.status
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        let mut res = HttpResponse::build(self.0.status);
-        if let Some(seconds) = self.0.retry_after_s {
-            res.insert_header((header::RETRY_AFTER, seconds.to_string()));
-        }
-        res.json(error_body(&self.0))
-    }
-}
+pub type AnthropicError = ShapedError<AnthropicShape>;
 
 /// Anthropic's error object for `e` (its `type` follows the status, as Anthropic's do).
 pub fn error_body(e: &ApiError) -> Value {

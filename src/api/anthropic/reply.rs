@@ -17,7 +17,6 @@ use super::super::AppState;
 use crate::engine::{EngineEvent, EventStream};
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use actix_web::web::{self, Bytes};
-use futures::StreamExt;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 
@@ -202,24 +201,7 @@ impl ReplyContext {
             clock: TokenClock::start(),
             blocks: Blocks::default(),
         };
-        futures::stream::unfold(
-            (reply, events, VecDeque::new(), false),
-            |(mut reply, mut events, mut queue, mut ended)| async move {
-                loop {
-                    if let Some(frame) = queue.pop_front() {
-                        return Some((frame, (reply, events, queue, ended)));
-                    }
-                    if ended {
-                        return None;
-                    }
-                    match events.recv().await {
-                        Some(event) => ended = reply.on_event(event, &mut queue),
-                        None => ended = true,
-                    }
-                }
-            },
-        )
-        .boxed_local()
+        generate::event_frames(reply, events, VecDeque::new())
     }
 }
 
@@ -239,8 +221,7 @@ struct Streaming {
     blocks: Blocks,
 }
 
-impl Streaming {
-    /// Handles one event; `true` when the reply is over.
+impl generate::EventFrames for Streaming {
     fn on_event(&mut self, event: EngineEvent, queue: &mut VecDeque<Bytes>) -> bool {
         match event {
             EngineEvent::Started {
@@ -301,7 +282,9 @@ impl Streaming {
             }
         }
     }
+}
 
+impl Streaming {
     fn send(&mut self, pieces: Vec<Piece>, queue: &mut VecDeque<Bytes>) {
         let mut events = Vec::new();
         for piece in pieces {

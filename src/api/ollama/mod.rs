@@ -20,7 +20,9 @@ pub mod request;
 use super::auth::Authorized;
 use super::chat_prompt;
 use super::disconnect::Peer;
-use super::errors::{from_value, optional_string, read_json_object, ApiError};
+use super::errors::{
+    from_value, optional_string, read_json_object, ApiError, ErrorShape, ShapedError,
+};
 use super::generate::{self, collect_all, submit_all};
 use super::tool_calls::ToolCallParser;
 use super::types::{ChatCompletionRequest, GenerationParams};
@@ -38,37 +40,19 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// using tools, structured outputs and thinking, all present by this release).
 pub const OLLAMA_API_VERSION: &str = "0.12.6";
 
-/// An [`ApiError`] in Ollama's shape: `{"error": "message"}`, same status and `Retry-After`.
+/// Ollama's error shape: `{"error": "message"}`.
 #[derive(Debug)]
-pub struct OllamaError(ApiError);
+pub struct OllamaShape;
 
-impl From<ApiError> for OllamaError {
-    fn from(e: ApiError) -> Self {
-        Self(e)
-    }
-}
-
-impl std::fmt::Display for OllamaError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl ResponseError for OllamaError {
-    fn status_code(&self) -> StatusCode {
-        self.0.status
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        let mut res = HttpResponse::build(self.0.status);
-        if let Some(seconds) = self.0.retry_after_s {
-            res.insert_header((header::RETRY_AFTER, seconds.to_string()));
-        }
-        res.json(OllamaErrorBody {
-            error: self.0.message.clone(),
+impl ErrorShape for OllamaShape {
+    fn body(e: &ApiError) -> Value {
+        json!(OllamaErrorBody {
+            error: e.message.clone(),
         })
     }
 }
+
+pub type OllamaError = ShapedError<OllamaShape>;
 
 type Reply = Result<HttpResponse, OllamaError>;
 
@@ -399,7 +383,7 @@ pub async fn show(
 
 /// Other `/api/*` paths: Ollama's model management has no meaning for a server of one file.
 pub async fn unsupported(req: HttpRequest) -> HttpResponse {
-    OllamaError(
+    OllamaError::from(
         ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "invalid_request_error",

@@ -16,7 +16,6 @@ use super::rfc3339_now;
 use crate::engine::{EngineEvent, EventStream};
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use actix_web::web::{self, Bytes};
-use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -173,24 +172,7 @@ impl ReplyContext {
         let pieces = reply.ctx.parser.push(&prefix);
         let mut queue = VecDeque::new();
         reply.send(pieces, &mut queue);
-        futures::stream::unfold(
-            (reply, events, queue, false),
-            |(mut reply, mut events, mut queue, mut ended)| async move {
-                loop {
-                    if let Some(line) = queue.pop_front() {
-                        return Some((line, (reply, events, queue, ended)));
-                    }
-                    if ended {
-                        return None;
-                    }
-                    match events.recv().await {
-                        Some(event) => ended = reply.on_event(event, &mut queue),
-                        None => ended = true,
-                    }
-                }
-            },
-        )
-        .boxed_local()
+        generate::event_frames(reply, events, queue)
     }
 }
 
@@ -203,8 +185,7 @@ struct Streaming {
     sent_calls: usize,
 }
 
-impl Streaming {
-    /// Handles one event; `true` when the reply is over.
+impl generate::EventFrames for Streaming {
     fn on_event(&mut self, event: EngineEvent, queue: &mut VecDeque<Bytes>) -> bool {
         match event {
             EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. } => false,
@@ -230,7 +211,9 @@ impl Streaming {
             }
         }
     }
+}
 
+impl Streaming {
     /// A line for what `pieces` decided, if anything: text and reasoning as they come, tool
     /// calls once complete.
     fn send(&mut self, pieces: Vec<Piece>, queue: &mut VecDeque<Bytes>) {
