@@ -75,10 +75,15 @@ pub fn chat(body: &Value, count_only: bool) -> Result<Translated, ApiError> {
                 prefill = Some(text).filter(|t| !t.is_empty());
             }
             Some("assistant") => messages.push(assistant_message(i, content)?),
+            // Claude Code puts system reminders between the turns.
+            Some("system") => {
+                let text = text_of(content, &format!("messages[{i}].content"))?;
+                messages.push(json!({"role": "system", "content": text}));
+            }
             _ => {
                 return Err(invalid(
                     &format!("messages[{i}].role"),
-                    "`role` must be `user` or `assistant` (the system prompt goes in `system`)",
+                    "`role` must be `user`, `assistant` or `system`",
                 ))
             }
         }
@@ -418,7 +423,7 @@ mod tests {
             "tools[0].type"
         );
         assert_eq!(
-            param(json!({"max_tokens": 1, "messages": [{"role": "system", "content": "x"}]})),
+            param(json!({"max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]})),
             "messages[0].role"
         );
     }
