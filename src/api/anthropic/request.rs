@@ -398,6 +398,17 @@ mod tests {
     }
 
     #[test]
+    fn system_messages_between_turns_stay_in_place() {
+        let body = json!({"max_tokens": 8, "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+            {"role": "user", "content": "b"}]});
+        let m = chat(&body, false).unwrap().chat["messages"].clone();
+        assert_eq!(m[1], json!({"role": "system", "content": "reminder"}));
+        assert_eq!(m.as_array().unwrap().len(), 3);
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         let param = |body: Value| chat(&body, false).err().unwrap().param.clone().unwrap();
         let msgs = json!([{"role": "user", "content": "x"}]);
