@@ -372,6 +372,30 @@ async fn text_completions_take_strings_and_token_ids() {
         &joined, elp,
         "streamed echo differs from the non-streamed one"
     );
+    // `max_tokens: 0` with `echo`: the prompt alone, scored as above.
+    let mut prompt_only = echoed.clone();
+    prompt_only["max_tokens"] = json!(0);
+    let out = post(&url, &prompt_only).await.json();
+    let choice = &out["choices"][0];
+    assert_eq!(choice["text"], "function update(v) {", "{out}");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(out["usage"]["completion_tokens"], 0);
+    for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        let all = elp[field].as_array().unwrap();
+        assert_eq!(
+            choice["logprobs"][field].as_array().unwrap()[..],
+            all[..num_prompt],
+            "{field}"
+        );
+    }
+    prompt_only["stream"] = json!(true);
+    let reply = post(&url, &prompt_only).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_eq!(reply.error()["param"], "max_tokens");
+    let mut bad = base.clone();
+    bad["max_tokens"] = json!(0);
+    let reply = post(&url, &bad).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
     let mut bad = base.clone();
     bad["suffix"] = json!("}");
     let reply = post(&url, &bad).await;

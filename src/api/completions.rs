@@ -16,7 +16,7 @@ use super::types::*;
 use super::AppState;
 use crate::engine::{EngineEvent, Prompt};
 use crate::model::FimTokens;
-use crate::scheduler::Usage as EngineUsage;
+use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures::StreamExt;
@@ -42,11 +42,24 @@ pub async fn completions(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let value = read_json_object(&req, payload, state.config.max_body).await?;
-    let params: GenerationParams = from_value(&value)?;
+    let mut params: GenerationParams = from_value(&value)?;
     let request: CompletionRequest = from_value(&value)?;
     state.check_model(params.model.as_deref())?;
     let engine = state.engine()?;
     let echo = request.echo == Some(true);
+    // `echo` with `max_tokens: 0` scores the prompt alone, as GPT-3-era evaluation code asks
+    // (lm-eval's log-likelihoods): one token is generated and left out of the reply.
+    let prompt_only =
+        echo && params.max_tokens == Some(0) && params.max_completion_tokens.is_none();
+    if prompt_only {
+        if params.stream == Some(true) {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                "`max_tokens: 0` (the prompt alone, with `echo`) is answered whole: drop `stream`",
+            ));
+        }
+        params.max_tokens = Some(1);
+    }
     let suffix = request.suffix.filter(|s| !s.is_empty());
     if echo && suffix.is_some() {
         return Err(ApiError::invalid(
@@ -106,7 +119,20 @@ pub async fn completions(
             Peer::of(&req),
         ));
     }
-    let collected = collect_all(streams, &state.metrics, Peer::of(&req)).await?;
+    let mut collected = collect_all(streams, &state.metrics, Peer::of(&req)).await?;
+    if prompt_only {
+        for c in &mut collected {
+            *c = Collected {
+                finish: Some(FinishReason::Length),
+                usage: EngineUsage {
+                    completion_tokens: 0,
+                    ..c.usage
+                },
+                prompt: c.prompt.take(),
+                ..Collected::default()
+            };
+        }
+    }
     let echo = echo_text.as_deref();
     Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs, echo)))
 }
