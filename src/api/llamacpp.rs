@@ -16,6 +16,7 @@ use super::auth::Authorized;
 use super::disconnect::Peer;
 use super::errors::{from_value, optional_string, read_json_object, ApiError};
 use super::generate::{self, collect_all, submit_all, Collected};
+use super::metrics::TokenClock;
 use super::sse;
 use super::types::GenerationParams;
 use super::AppState;
@@ -23,8 +24,8 @@ use crate::engine::{EngineEvent, EventStream, Prompt};
 use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
-use futures::StreamExt;
 use serde_json::{json, Map, Value};
+use std::collections::VecDeque;
 
 /// llama.cpp server's defaults where a request leaves a sampling field out.
 fn defaults() -> [(&'static str, Value); 4] {
@@ -411,55 +412,70 @@ fn frames(
     events: EventStream,
     with_probs: bool,
 ) -> futures::stream::LocalBoxStream<'static, Bytes> {
-    let init = (events, 0usize, false);
-    futures::stream::unfold(init, move |(mut events, mut predicted, ended)| {
-        let (state, model) = (state.clone(), model.clone());
-        async move {
-            if ended {
-                return None;
+    let reply = Streaming {
+        state,
+        model,
+        with_probs,
+        predicted: 0,
+        clock: TokenClock::start(),
+    };
+    generate::event_frames(reply, events, VecDeque::new())
+}
+
+struct Streaming {
+    state: web::Data<AppState>,
+    model: String,
+    with_probs: bool,
+    /// Tokens generated so far.
+    predicted: usize,
+    clock: TokenClock,
+}
+
+impl generate::EventFrames for Streaming {
+    fn on_event(&mut self, event: EngineEvent, queue: &mut VecDeque<Bytes>) -> bool {
+        match event {
+            EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. } => false,
+            EngineEvent::Delta {
+                text,
+                token_ids,
+                logprobs,
+                top_logprobs,
+                ..
+            } => {
+                self.predicted += token_ids.len();
+                self.clock.tokens(&self.state.metrics, token_ids.len());
+                // Held text (a stop string may be starting) waits, unless its tokens'
+                // probabilities are asked for.
+                let scored = self.with_probs && !token_ids.is_empty();
+                if text.is_empty() && !scored {
+                    return false;
+                }
+                let mut chunk = json!({"index": 0, "content": text, "tokens": [],
+                    "stop": false, "id_slot": 0, "tokens_predicted": self.predicted});
+                if self.with_probs {
+                    chunk["completion_probabilities"] =
+                        token_probabilities(&self.state, &token_ids, &logprobs, &top_logprobs);
+                }
+                queue.push_back(sse::data(&chunk));
+                false
             }
-            loop {
-                let frame = match events.recv().await? {
-                    EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. } => continue,
-                    EngineEvent::Delta {
-                        text,
-                        token_ids,
-                        logprobs,
-                        top_logprobs,
-                        ..
-                    } => {
-                        predicted += token_ids.len();
-                        // Held text (a stop string may be starting) waits, unless its tokens'
-                        // probabilities are asked for.
-                        let scored = with_probs && !token_ids.is_empty();
-                        if text.is_empty() && !scored {
-                            continue;
-                        }
-                        let mut chunk = json!({"index": 0, "content": text, "tokens": [],
-                            "stop": false, "id_slot": 0, "tokens_predicted": predicted});
-                        if with_probs {
-                            chunk["completion_probabilities"] =
-                                token_probabilities(&state, &token_ids, &logprobs, &top_logprobs);
-                        }
-                        (sse::data(&chunk), false)
-                    }
-                    EngineEvent::Finished {
-                        reason,
-                        usage,
-                        stop_string,
-                    } => {
-                        generate::count_usage(&state.metrics, &usage);
-                        let last =
-                            final_object(&model, "", Some(reason), stop_string.as_deref(), &usage);
-                        (sse::data(&last), true)
-                    }
-                    EngineEvent::Error(e) => (sse::data(&ApiError::from(e).body()), true),
-                };
-                return Some((frame.0, (events, predicted, frame.1)));
+            EngineEvent::Finished {
+                reason,
+                usage,
+                stop_string,
+            } => {
+                generate::count_usage(&self.state.metrics, &usage);
+                let stop = stop_string.as_deref();
+                let last = final_object(&self.model, "", Some(reason), stop, &usage);
+                queue.push_back(sse::data(&last));
+                true
+            }
+            EngineEvent::Error(e) => {
+                queue.push_back(sse::data(&ApiError::from(e).body()));
+                true
             }
         }
-    })
-    .boxed_local()
+    }
 }
 
 /// `GET /props`: what llama.cpp clients read before completing (the context size above all).
