@@ -11,21 +11,12 @@ mod client;
 mod common;
 
 use client::*;
-use common::pulled_model;
-use mtpx::api::testing::{test_config, TestServer};
-use mtpx::config::KvMemory;
-use mtpx::engine::EngineConfig;
-use mtpx::kv::KvDtype;
+use common::small_qwen_server;
+use mtpx::api::testing::TestServer;
 use serde_json::{json, Value};
 
 fn server() -> TestServer {
-    let engine = EngineConfig {
-        context_window: Some(2048),
-        kv_memory: KvMemory::Bytes(128 << 20),
-        kv_dtype: KvDtype::F16,
-        ..EngineConfig::default()
-    };
-    TestServer::start_model(pulled_model("qwen2.5-coder-0.5b"), engine, test_config()).unwrap()
+    small_qwen_server()
 }
 
 fn weather_tool() -> Value {

@@ -9,6 +9,20 @@ use mtpx::model::ModelBundle;
 use mtpx::sampling::SamplingParams;
 use mtpx::scheduler::{FinishReason, Usage};
 
+/// An HTTP server on loopback of the pulled Qwen2.5-Coder-0.5B-Instruct: a 2,048-token window,
+/// f16 K/V in 128 MiB (the API suites of other clients' shapes).
+pub fn small_qwen_server() -> mtpx::api::testing::TestServer {
+    let engine = EngineConfig {
+        context_window: Some(2048),
+        kv_memory: mtpx::config::KvMemory::Bytes(128 << 20),
+        kv_dtype: mtpx::kv::KvDtype::F16,
+        ..EngineConfig::default()
+    };
+    let model = pulled_model("qwen2.5-coder-0.5b");
+    mtpx::api::testing::TestServer::start_model(model, engine, mtpx::api::testing::test_config())
+        .unwrap()
+}
+
 /// A model `mtpx pull` put in `$MTPX_HOME/models` (default `~/.cache/mtpx`); `tests/run.sh`
 /// pulls the ones the tests use.
 pub fn pulled_model(name: &str) -> std::path::PathBuf {
