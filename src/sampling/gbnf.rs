@@ -6,14 +6,15 @@
 //! character classes `[a-z]` / `[^"\\]`, `.` (any character), groups, `*` `+` `?` and `{m,n}`
 //! repetitions, `#` comments; a rule ends at a newline unless it is inside parentheses or
 //! after a `|`; `root` is the start. Rule names become lowercase Lark rules prefixed `g_`
-//! (Lark reserves capitalised names for lexer tokens), literals become JSON-quoted Lark
-//! strings, and classes become one-character regular expressions.
+//! (Lark reserves capitalised names for lexer tokens), literals become sequences of
+//! one-character JSON-quoted Lark strings, and classes one-character regular expressions.
 //!
-//! One difference remains from llama.cpp's own matcher: llguidance lexes literals greedily,
-//! so a grammar where a literal's prefix is also a complete alternative *and* the text after
-//! it must start with the rest (`("a" | "ab") "bc"` against `abc`) only matches the longer
-//! reading. Ordinary grammars (JSON, lists, SQL, code) never depend on this. Token-level
-//! syntax (`<[id]>`, `<think>`, `!<...>`) is refused.
+//! Every lexeme is one character on purpose: llguidance's lexer takes the longest lexeme and
+//! backs up at most one byte, so a multi-character literal competing with a class
+//! (`[a-z ]* "end"` against `a tent end`) would wrongly refuse text that GBNF, a
+//! character-level grammar, accepts. With one-character lexemes the Earley parser decides
+//! everything and the language is exactly llama.cpp's. Token-level syntax (`<[id]>`,
+//! `<think>`, `!<...>`) is refused.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -27,9 +28,12 @@ pub fn to_lark(source: &str) -> Result<String, String> {
         if names.contains_key(name.as_str()) {
             continue;
         }
-        let mut lark = format!("g_{}", name.to_ascii_lowercase().replace('-', "_"));
-        if taken.contains(&lark) {
-            lark = format!("{lark}_{i}");
+        let base = format!("g_{}", name.to_ascii_lowercase().replace('-', "_"));
+        let mut lark = base.clone();
+        let mut n = i;
+        while taken.contains(&lark) {
+            lark = format!("{base}_{n}");
+            n += 1;
         }
         taken.push(lark.clone());
         names.insert(name, lark);
@@ -111,7 +115,10 @@ fn alternatives_text(alts: &[Vec<Node>], names: &HashMap<&str, String>) -> Resul
 fn node_text(node: &Node, names: &HashMap<&str, String>) -> Result<String, String> {
     Ok(match node {
         Node::Literal(s) if s.is_empty() => String::new(),
-        Node::Literal(s) => lark_string(s),
+        Node::Literal(s) => {
+            let chars: Vec<String> = s.chars().map(|c| lark_string(&c.to_string())).collect();
+            chars.join(" ")
+        }
         Node::Any => r"/(?s:.)/".into(),
         Node::Class { negated, ranges } => {
             let mut rx = String::from(if *negated { "/[^" } else { "/[" });
@@ -130,7 +137,7 @@ fn node_text(node: &Node, names: &HashMap<&str, String>) -> Result<String, Strin
             .ok_or_else(|| format!("the rule `{name}` is used but never defined"))?,
         Node::Group(alts) => {
             let inner = alternatives_text(alts, names)?;
-            if inner.is_empty() || inner.starts_with('[') {
+            if inner.is_empty() {
                 inner
             } else {
                 format!("({inner})")
@@ -512,9 +519,20 @@ ws ::= | " " | "\n" [ \t]{0,20}
         assert!(accepts("root ::= . . \"!\"", "é\n!"));
         assert!(accepts("root ::= \"a\" ( | \"b\" )", "a"));
         assert!(accepts("root ::= \"a\" ( | \"b\" )", "ab"));
-        // The documented difference from llama.cpp: literals are lexed greedily.
-        assert!(!accepts("root ::= (\"a\" | \"ab\") \"bc\"", "abc"));
+        // Character-level, as in llama.cpp: no reading of a literal is lost to greedy lexing.
+        assert!(accepts("root ::= (\"a\" | \"ab\") \"bc\"", "abc"));
         assert!(accepts("root ::= (\"a\" | \"ab\") \"bc\"", "abbc"));
+        assert!(accepts("root ::= [a-z ]* \"end\"", "a tent end"));
+        assert!(!accepts("root ::= [a-z ]* \"end\"", "a tent"));
+        // A group whose first alternative starts optional keeps its parentheses.
+        let g = "root ::= \"x\" (( | \"-\") \"1\" | \"y\")";
+        assert!(accepts(g, "x-1") && accepts(g, "x1") && accepts(g, "xy"));
+        assert!(!accepts(g, "y"));
+        // Names that collide once lowercased stay distinct.
+        assert!(accepts(
+            "root ::= x-2 x X\nx-2 ::= \"a\"\nx ::= \"b\"\nX ::= \"c\"",
+            "abc"
+        ));
         assert!(accepts(
             "Root-1 ::= \"x\"\nroot ::= Root-1 root-1\nroot-1 ::= \"y\"",
             "xy"

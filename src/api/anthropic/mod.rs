@@ -42,8 +42,27 @@ impl ErrorShape for AnthropicShape {
 
 pub type AnthropicError = ShapedError<AnthropicShape>;
 
-/// Anthropic's error object for `e` (its `type` follows the status, as Anthropic's do).
+/// Anthropic's error object for `e` (its `type` follows the status, as Anthropic's do). A
+/// request over the window gets Anthropic's wording, which Claude Code reads to lower
+/// `max_tokens` and retry (or to compact the conversation).
 pub fn error_body(e: &ApiError) -> Value {
+    if e.code == Some("context_length_exceeded") {
+        let count = |k: &str| e.extra.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (prompt, max, window) = (
+            count("prompt_tokens"),
+            count("max_tokens"),
+            count("context_window"),
+        );
+        let message = if prompt >= window {
+            format!("prompt is too long: {prompt} tokens > {window} maximum")
+        } else {
+            format!(
+                "input length and `max_tokens` exceed context limit: {prompt} + {max} > \
+                 {window}, decrease input length or `max_tokens` and try again"
+            )
+        };
+        return json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}});
+    }
     let kind = match e.status.as_u16() {
         400 => "invalid_request_error",
         401 => "authentication_error",
@@ -79,8 +98,16 @@ fn requested_model(state: &AppState, body: &Value) -> Result<String, ApiError> {
 fn prompt_of(body: &Value, count_only: bool) -> Result<(chat_prompt::ChatPrompt, Value), ApiError> {
     let translated = request::chat(body, count_only)?;
     let chat: ChatCompletionRequest = from_value(&translated.chat)?;
-    let mut prompt = chat_prompt::build(&translated.chat, &chat)?;
+    let mut prompt = chat_prompt::build(&translated.chat, &chat)
+        .map_err(|e| e.with_param_renamed("tool_choice.function.name", "tool_choice.name"))?;
     if let Some(prefill) = translated.prefill {
+        if translated.chat.get("response_format").is_some() {
+            return Err(ApiError::invalid(
+                Some("output_config.format"),
+                "a final assistant message (a prefill) cannot be combined with \
+                 `output_config.format`: the format applies to the whole reply",
+            ));
+        }
         if !prompt.forced_prefix.is_empty() {
             return Err(ApiError::invalid(
                 Some("messages"),
@@ -135,6 +162,7 @@ pub async fn messages(
     let rename = |e: ApiError| {
         e.with_param_renamed("stop", "stop_sequences")
             .with_param_renamed("response_format", "output_config.format")
+            .with_param_renamed("tool_choice.function.name", "tool_choice.name")
     };
     let session = generate::session_key(&req, &auth.scope)?;
     let mut plan =
@@ -184,4 +212,33 @@ pub async fn count_tokens(
         .await
         .map_err(ApiError::from)?;
     Ok(HttpResponse::Ok().json(json!({"input_tokens": tokens.len()})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_over_the_window_is_refused_in_anthropic_words() {
+        let over = |prompt, max| {
+            let e = ApiError::from(crate::error::EngineError::ContextLengthExceeded {
+                prompt_tokens: prompt,
+                max_tokens: max,
+                context_window: 32768,
+            });
+            error_body(&e)["error"]["message"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            over(20867, 32000),
+            "input length and `max_tokens` exceed context limit: 20867 + 32000 > 32768, \
+             decrease input length or `max_tokens` and try again"
+        );
+        assert_eq!(
+            over(40000, 1),
+            "prompt is too long: 40000 tokens > 32768 maximum"
+        );
+    }
 }

@@ -57,6 +57,8 @@ struct Blocks {
     pending_space: String,
     /// `tool_use` blocks opened so far.
     tool_uses: usize,
+    /// The open `tool_use` block's arguments so far.
+    arguments: String,
 }
 
 impl Blocks {
@@ -75,7 +77,7 @@ impl Blocks {
                 self.delta(json!({"type": "text_delta", "text": text}), out);
             }
             Piece::Reasoning(text) => {
-                if text.is_empty() {
+                if self.open != Some(Open::Thinking) && text.trim().is_empty() {
                     return;
                 }
                 if self.open != Some(Open::Thinking) {
@@ -89,10 +91,11 @@ impl Blocks {
                 self.start(Open::ToolUse, block, out);
                 self.tool_uses += 1;
             }
+            // Held until the call ends: a small model's arguments may not be valid JSON, and
+            // clients parse each streamed `partial_json` as the start of a document.
             Piece::ToolCallArgs { fragment, .. } => {
-                if self.open == Some(Open::ToolUse) && !fragment.is_empty() {
-                    let delta = json!({"type": "input_json_delta", "partial_json": fragment});
-                    self.delta(delta, out);
+                if self.open == Some(Open::ToolUse) {
+                    self.arguments.push_str(&fragment);
                 }
             }
         }
@@ -111,6 +114,16 @@ impl Blocks {
     }
 
     fn close(&mut self, out: &mut Vec<(usize, BlockEvent)>) {
+        if self.open == Some(Open::ToolUse) {
+            // The arguments as one JSON object: `{}` when the model wrote none or no object.
+            let arguments = std::mem::take(&mut self.arguments);
+            let input = match serde_json::from_str::<Value>(&arguments) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => json!({}),
+            };
+            let delta = json!({"type": "input_json_delta", "partial_json": input.to_string()});
+            self.delta(delta, out);
+        }
         if self.open.take().is_some() {
             out.push((self.count - 1, BlockEvent::Stop));
         }
@@ -370,7 +383,6 @@ mod tests {
                 (1, "stop"),
                 (2, "tool_use"),
                 (2, "input_json_delta"),
-                (2, "input_json_delta"),
                 (2, "stop"),
             ]
         );
@@ -381,6 +393,45 @@ mod tests {
             BlockEvent::Delta(json!({"type": "text_delta", "text": "\n\nSure"}))
         );
         assert_eq!(blocks.tool_uses, 1);
+        assert_eq!(
+            out[9].1,
+            BlockEvent::Delta(json!({"type": "input_json_delta", "partial_json": "{\"a\":1}"}))
+        );
+        // Arguments that are not a JSON object become `{}`, streamed or not.
+        let mut blocks = Blocks::default();
+        let mut out = Vec::new();
+        blocks.push(
+            Piece::ToolCallStart {
+                index: 0,
+                id: "c".into(),
+                name: "f".into(),
+            },
+            &mut out,
+        );
+        blocks.push(
+            Piece::ToolCallArgs {
+                index: 0,
+                fragment: "{'a': 1".into(),
+            },
+            &mut out,
+        );
+        blocks.close(&mut out);
+        assert_eq!(
+            out[1].1,
+            BlockEvent::Delta(json!({"type": "input_json_delta", "partial_json": "{}"}))
+        );
+    }
+
+    #[test]
+    fn empty_reasoning_opens_no_block() {
+        let mut blocks = Blocks::default();
+        let mut out = Vec::new();
+        blocks.push(Piece::Reasoning("\n\n".into()), &mut out);
+        blocks.push(Piece::Content("Hi".into()), &mut out);
+        assert_eq!(
+            out[0],
+            (0, BlockEvent::Start(json!({"type": "text", "text": ""})))
+        );
     }
 
     #[test]

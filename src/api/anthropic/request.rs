@@ -64,7 +64,14 @@ pub fn chat(body: &Value, count_only: bool) -> Result<Translated, ApiError> {
         let content = m.get("content").unwrap_or(&Value::Null);
         match role {
             Some("user") => user_message(i, content, &mut messages)?,
-            Some("assistant") if i + 1 == list.len() && !has_tool_use(content) => {
+            Some("assistant") if i + 1 == list.len() && has_tool_use(content) => {
+                return Err(invalid(
+                    &format!("messages[{i}].content"),
+                    "the last message is an assistant `tool_use`: send its `tool_result` in a \
+                     user message",
+                ))
+            }
+            Some("assistant") if i + 1 == list.len() => {
                 let text = assistant_text(i, content)?;
                 if text != text.trim_end() {
                     return Err(invalid(
@@ -141,7 +148,7 @@ fn text_of(value: &Value, path: &str) -> Result<String, ApiError> {
             let mut text = String::new();
             for (j, block) in blocks.iter().enumerate() {
                 match block_type(block) {
-                    "text" => text.push_str(block_text(block, &format!("{path}[{j}]"))?),
+                    "text" => push_block(&mut text, block_text(block, &format!("{path}[{j}]"))?),
                     other => return Err(unsupported_block(&format!("{path}[{j}]"), other)),
                 }
             }
@@ -152,6 +159,15 @@ fn text_of(value: &Value, path: &str) -> Result<String, ApiError> {
             format!("`{path}` must be a string or an array of text blocks, got `{other}`"),
         )),
     }
+}
+
+/// Text blocks of one turn, a line apart (Claude Code sends a `<system-reminder>` block and
+/// the request as two).
+fn push_block(text: &mut String, block: &str) {
+    if !text.is_empty() && !block.is_empty() {
+        text.push('\n');
+    }
+    text.push_str(block);
 }
 
 fn block_type(block: &Value) -> &str {
@@ -204,7 +220,7 @@ fn user_message(i: usize, content: &Value, out: &mut Vec<Value>) -> Result<(), A
     for (j, block) in blocks(content).iter().enumerate() {
         let path = format!("messages[{i}].content[{j}]");
         match block_type(block) {
-            "text" => text.push_str(block_text(block, &path)?),
+            "text" => push_block(&mut text, block_text(block, &path)?),
             "tool_result" => {
                 flush(&mut text, out);
                 let id = block
@@ -409,6 +425,20 @@ mod tests {
     }
 
     #[test]
+    fn text_blocks_of_a_turn_are_a_line_apart() {
+        let body = json!({"max_tokens": 8, "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>r</system-reminder>"},
+                {"type": "text", "text": "fix it"}]}]});
+        let m = chat(&body, false).unwrap().chat["messages"].clone();
+        assert_eq!(m[0]["content"], "a\nb");
+        assert_eq!(
+            m[1]["content"],
+            "<system-reminder>r</system-reminder>\nfix it"
+        );
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         let param = |body: Value| chat(&body, false).err().unwrap().param.clone().unwrap();
         let msgs = json!([{"role": "user", "content": "x"}]);
@@ -426,6 +456,12 @@ mod tests {
             json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": "a "}]);
         assert_eq!(
             param(json!({"max_tokens": 1, "messages": trailing})),
+            "messages[1].content"
+        );
+        let unanswered = json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]);
+        assert_eq!(
+            param(json!({"max_tokens": 1, "messages": unanswered})),
             "messages[1].content"
         );
         let server_tool = json!([{"type": "web_search_20250305", "name": "web_search"}]);
