@@ -556,26 +556,40 @@ pub trait EventFrames: 'static {
 }
 
 /// The frames already in `queue`, then those `reply` makes of `events` until it says the reply
-/// is over (or the events end).
+/// is over (or the events end). The token timings and the usage go to the server's metrics
+/// here, once for every streamed shape.
 pub fn event_frames<R: EventFrames>(
     reply: R,
     events: EventStream,
     queue: VecDeque<Bytes>,
+    state: actix_web::web::Data<super::AppState>,
 ) -> futures::stream::LocalBoxStream<'static, Bytes> {
     use futures::StreamExt;
+    let clock = TokenClock::start();
     futures::stream::unfold(
-        (reply, events, queue, false),
-        |(mut reply, mut events, mut queue, mut ended)| async move {
-            loop {
-                if let Some(frame) = queue.pop_front() {
-                    return Some((frame, (reply, events, queue, ended)));
-                }
-                if ended {
-                    return None;
-                }
-                match events.recv().await {
-                    Some(event) => ended = reply.on_event(event, &mut queue),
-                    None => ended = true,
+        (reply, events, queue, false, clock),
+        move |(mut reply, mut events, mut queue, mut ended, mut clock)| {
+            let state = state.clone();
+            async move {
+                loop {
+                    if let Some(frame) = queue.pop_front() {
+                        return Some((frame, (reply, events, queue, ended, clock)));
+                    }
+                    if ended {
+                        return None;
+                    }
+                    let Some(event) = events.recv().await else {
+                        ended = true;
+                        continue;
+                    };
+                    match &event {
+                        EngineEvent::Delta { token_ids, .. } => {
+                            clock.tokens(&state.metrics, token_ids.len())
+                        }
+                        EngineEvent::Finished { usage, .. } => count_usage(&state.metrics, usage),
+                        _ => {}
+                    }
+                    ended = reply.on_event(event, &mut queue);
                 }
             }
         },

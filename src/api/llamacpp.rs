@@ -16,7 +16,6 @@ use super::auth::Authorized;
 use super::disconnect::Peer;
 use super::errors::{from_value, optional_string, read_json_object, ApiError};
 use super::generate::{self, collect_all, submit_all, Collected};
-use super::metrics::TokenClock;
 use super::sse;
 use super::types::GenerationParams;
 use super::AppState;
@@ -413,13 +412,12 @@ fn frames(
     with_probs: bool,
 ) -> futures::stream::LocalBoxStream<'static, Bytes> {
     let reply = Streaming {
-        state,
+        state: state.clone(),
         model,
         with_probs,
         predicted: 0,
-        clock: TokenClock::start(),
     };
-    generate::event_frames(reply, events, VecDeque::new())
+    generate::event_frames(reply, events, VecDeque::new(), state)
 }
 
 struct Streaming {
@@ -428,7 +426,6 @@ struct Streaming {
     with_probs: bool,
     /// Tokens generated so far.
     predicted: usize,
-    clock: TokenClock,
 }
 
 impl generate::EventFrames for Streaming {
@@ -443,7 +440,6 @@ impl generate::EventFrames for Streaming {
                 ..
             } => {
                 self.predicted += token_ids.len();
-                self.clock.tokens(&self.state.metrics, token_ids.len());
                 // Held text (a stop string may be starting) waits, unless its tokens'
                 // probabilities are asked for.
                 let scored = self.with_probs && !token_ids.is_empty();
@@ -464,7 +460,6 @@ impl generate::EventFrames for Streaming {
                 usage,
                 stop_string,
             } => {
-                generate::count_usage(&self.state.metrics, &usage);
                 let stop = stop_string.as_deref();
                 let last = final_object(&self.model, "", Some(reason), stop, &usage);
                 queue.push_back(sse::data(&last));

@@ -10,7 +10,6 @@
 
 use super::super::errors::ApiError;
 use super::super::generate::{self, Collected};
-use super::super::metrics::TokenClock;
 use super::super::sse;
 use super::super::tool_calls::{Piece, ToolCallParser};
 use super::super::AppState;
@@ -210,11 +209,9 @@ impl ReplyContext {
     ) -> futures::stream::LocalBoxStream<'static, Bytes> {
         let reply = Streaming {
             ctx: self,
-            state,
-            clock: TokenClock::start(),
             blocks: Blocks::default(),
         };
-        generate::event_frames(reply, events, VecDeque::new())
+        generate::event_frames(reply, events, VecDeque::new(), state)
     }
 }
 
@@ -229,8 +226,6 @@ fn append(block: &mut Value, field: &str, text: &Value) {
 
 struct Streaming {
     ctx: ReplyContext,
-    state: web::Data<AppState>,
-    clock: TokenClock,
     blocks: Blocks,
 }
 
@@ -259,10 +254,7 @@ impl generate::EventFrames for Streaming {
                 false
             }
             EngineEvent::PromptLogprobs { .. } => false,
-            EngineEvent::Delta {
-                text, token_ids, ..
-            } => {
-                self.clock.tokens(&self.state.metrics, token_ids.len());
+            EngineEvent::Delta { text, .. } => {
                 let pieces = self.ctx.parser.push(&text);
                 self.send(pieces, queue);
                 false
@@ -277,7 +269,6 @@ impl generate::EventFrames for Streaming {
                 let mut closing = Vec::new();
                 self.blocks.close(&mut closing);
                 self.frames(closing, queue);
-                generate::count_usage(&self.state.metrics, &u);
                 let (reason, sequence) =
                     stop_reason(reason, stop_string.as_deref(), self.blocks.tool_uses > 0);
                 let delta = json!({"type": "message_delta",

@@ -8,7 +8,6 @@
 
 use super::super::errors::ApiError;
 use super::super::generate::{self, Collected};
-use super::super::metrics::TokenClock;
 use super::super::tool_calls::{Piece, ToolCallParser};
 use super::super::types::ToolCall;
 use super::super::AppState;
@@ -164,23 +163,19 @@ impl ReplyContext {
     ) -> futures::stream::LocalBoxStream<'static, Bytes> {
         let mut reply = Streaming {
             ctx: self,
-            state,
-            clock: TokenClock::start(),
             sent_calls: 0,
         };
         let prefix = std::mem::take(&mut reply.ctx.forced_prefix);
         let pieces = reply.ctx.parser.push(&prefix);
         let mut queue = VecDeque::new();
         reply.send(pieces, &mut queue);
-        generate::event_frames(reply, events, queue)
+        generate::event_frames(reply, events, queue, state)
     }
 }
 
 /// The state of a streamed reply.
 struct Streaming {
     ctx: ReplyContext,
-    state: web::Data<AppState>,
-    clock: TokenClock,
     /// Tool calls already sent (each is sent once, whole).
     sent_calls: usize,
 }
@@ -189,10 +184,7 @@ impl generate::EventFrames for Streaming {
     fn on_event(&mut self, event: EngineEvent, queue: &mut VecDeque<Bytes>) -> bool {
         match event {
             EngineEvent::Started { .. } | EngineEvent::PromptLogprobs { .. } => false,
-            EngineEvent::Delta {
-                text, token_ids, ..
-            } => {
-                self.clock.tokens(&self.state.metrics, token_ids.len());
+            EngineEvent::Delta { text, .. } => {
                 let pieces = self.ctx.parser.push(&text);
                 self.send(pieces, queue);
                 false
@@ -200,7 +192,6 @@ impl generate::EventFrames for Streaming {
             EngineEvent::Finished { reason, usage, .. } => {
                 let pieces = self.ctx.parser.finish();
                 self.send(pieces, queue);
-                generate::count_usage(&self.state.metrics, &usage);
                 let stats = self.ctx.stats(reason, &usage);
                 queue.push_back(ndjson(&self.ctx.line(Parts::default(), Some(stats))));
                 true
