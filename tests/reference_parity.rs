@@ -230,3 +230,61 @@ fn qwen_coder_0_5b_greedy_chat_equals_the_numpy_reference() {
     println!("ours: {}", bundle.tokenizer.decode(&ours, false).unwrap());
     assert_eq!(ours, reference);
 }
+
+/// Embeddings (`Engine::embed`, as `/v1/embeddings` serves them) against the reference's final
+/// hidden states pooled the same way: a 1,100-token text (three prefill chunks, so the pooling
+/// adds steps up) and a 6-token one, mean and last-token pooling, with the production
+/// quantized weights and f16 K/V. Reports each cosine similarity.
+#[actix_rt::test]
+async fn qwen_coder_0_5b_embeddings_equal_the_numpy_reference() {
+    use mtpx::engine::{EmbedRequest, Engine, EngineConfig, Pooling, Prompt};
+    use mtpx::runner::embed::normalized;
+    let path = pulled_model("qwen2.5-coder-0.5b");
+    let bundle = ModelBundle::load(&path).unwrap();
+    let mut long = bundle.encode(TEXT).unwrap();
+    // Varied text: the corpus, then its first half again with a different neighbour.
+    let again = long[..long.len() / 2].to_vec();
+    while long.len() < 1100 {
+        long.extend_from_slice(&again);
+    }
+    long.truncate(1100);
+    assert_eq!(long.len(), 1100);
+    let short = long[200..206].to_vec();
+    let cfg = EngineConfig {
+        context_window: Some(2048),
+        kv_memory: mtpx::config::KvMemory::Bytes(64 << 20),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(bundle, cfg).unwrap();
+    let hidden = engine.info().embedding_size;
+    for ids in [&long, &short] {
+        let (shape, reference) = read_npy_f32(&run_reference(&path, ids, &["--mode", "embedding"]));
+        assert_eq!(shape, vec![2, hidden]);
+        for (row, pooling) in [Pooling::Mean, Pooling::Last].into_iter().enumerate() {
+            let e = engine
+                .embed(EmbedRequest {
+                    prompt: Prompt::Tokens(ids.clone()),
+                    pooling: Some(pooling),
+                    truncate: false,
+                })
+                .await
+                .unwrap();
+            assert_eq!(e.prompt_tokens, ids.len());
+            let ours = normalized(&e.vector);
+            let theirs = &reference[row * hidden..(row + 1) * hidden];
+            let cosine: f32 = ours.iter().zip(theirs).map(|(a, b)| a * b).sum();
+            println!(
+                "{} tokens, {pooling:?} pooling: cosine {cosine:.5}",
+                ids.len()
+            );
+            assert!(
+                cosine > 0.999,
+                "{} tokens, {pooling:?}: cosine {cosine}",
+                ids.len()
+            );
+        }
+    }
+    // The pages the embeddings used went back to the pool.
+    engine.clear_caches().await;
+    assert_eq!(engine.pool_stats().await.num_used, 0);
+}

@@ -14,13 +14,14 @@
 //! | `POST /v1/chat/completions` | [`chat`] (stream and not) |
 //! | `POST /v1/chat/completions/count` | [`tokens`]: count a chat's prompt tokens |
 //! | `POST /v1/completions` | [`completions`] |
+//! | `POST /v1/embeddings` | [`embeddings`]: pooled hidden states |
 //! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | [`responses`] |
 //! | `GET /v1/responses` (WebSocket upgrade) | [`ws`]: Responses WebSocket mode |
 //! | `GET /v1/stats` | [`stats`]: engine state as JSON (pool, scheduler, sessions) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
-//! | `POST /api/chat`, `/api/generate`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
+//! | `POST /api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
 //! | `POST /completion` (and `/completions`), `/infill`; `GET /props` | [`llamacpp`]: llama.cpp's native routes |
 //! | `POST /v1/messages`, `/v1/messages/count_tokens` | [`anthropic`]: Anthropic's Messages API |
 //! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
@@ -38,6 +39,7 @@ pub mod chat_prompt;
 pub mod completions;
 pub mod cors;
 pub mod disconnect;
+pub mod embeddings;
 pub mod errors;
 pub mod generate;
 pub mod health;
@@ -298,6 +300,11 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                     ))
                     .service(endpoint("/v1/stats", "GET", [web::get().to(stats::stats)]))
                     .service(endpoint(
+                        "/v1/embeddings",
+                        "POST",
+                        [web::post().to(embeddings::embeddings)],
+                    ))
+                    .service(endpoint(
                         "/tokenize",
                         "POST",
                         [web::post().to(tokens::tokenize)],
@@ -342,6 +349,16 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         "/api/generate",
                         "POST",
                         [web::post().to(ollama::generate)],
+                    ))
+                    .service(endpoint(
+                        "/api/embed",
+                        "POST",
+                        [web::post().to(ollama::embed::embed)],
+                    ))
+                    .service(endpoint(
+                        "/api/embeddings",
+                        "POST",
+                        [web::post().to(ollama::embed::embeddings)],
                     ))
                     .service(endpoint(
                         "/api/show",

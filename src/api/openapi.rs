@@ -2,6 +2,9 @@
 //! and the handlers' `#[utoipa::path]` annotations (fuzzers and SDK generators read it).
 
 use super::anthropic;
+use super::embeddings::{
+    self, EmbeddingInput, EmbeddingObject, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
+};
 use super::ollama::{self, OllamaErrorBody};
 use super::responses::{self, types::*};
 use super::{chat, completions, health, llamacpp, metrics, models, stats, tokens, types::*, ws};
@@ -18,6 +21,7 @@ use utoipa::{Modify, OpenApi};
     paths(
         chat::chat_completions,
         completions::completions,
+        embeddings::embeddings,
         models::list_models,
         models::get_model,
         tokens::tokenize,
@@ -32,6 +36,8 @@ use utoipa::{Modify, OpenApi};
         metrics::metrics,
         ollama::chat,
         ollama::generate,
+        ollama::embed::embed,
+        ollama::embed::embeddings,
         ollama::show,
         ollama::tags,
         ollama::ps,
@@ -53,7 +59,8 @@ use utoipa::{Modify, OpenApi};
         CountResponse, ErrorResponse, ErrorBody, HealthResponse, DepthAcceptance,
         ResponsesRequest, Input, ResponseObject, IncompleteDetails, ResponseUsage,
         InputTokensDetails, OutputTokensDetails, OutputItem, OutputContent, ResponseEvent,
-        OllamaErrorBody,
+        OllamaErrorBody, EmbeddingRequest, EmbeddingInput, EmbeddingResponse, EmbeddingObject,
+        EmbeddingUsage,
     )),
     modifiers(&Security),
     security(("bearer" = []), ("api_key" = []))

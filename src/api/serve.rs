@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// Seconds between WebSocket pings; a peer silent for two intervals is dropped.
     #[arg(long, default_value_t = 15)]
     pub ws_ping: u64,
+    /// How `/v1/embeddings` (and Ollama's `/api/embed`) pool a text's hidden states: `mean` over
+    /// its tokens, or the `last` token's (for decoder models trained for embeddings).
+    #[arg(long, default_value = "mean")]
+    pub pooling: crate::runner::embed::Pooling,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
 }
@@ -116,6 +120,7 @@ impl ServeArgs {
             speculative: self.spec.config(),
             // Resolved (and pulled if need be) by the loader thread.
             draft_model: None,
+            pooling: self.pooling,
         }
     }
 

@@ -4,9 +4,12 @@
 //! Admission happens here, before any inference: the context window (the advertised one is
 //! the enforced one, and never more than the KV budget can hold), the KV budget, and the queue.
 
+mod embed;
 pub mod request;
 mod stream;
 
+pub use crate::runner::embed::Pooling;
+pub use embed::{EmbedRequest, Embedding};
 pub use request::{EngineEvent, GenerateRequest, Prompt};
 
 use crate::config::KvMemory;
@@ -56,6 +59,8 @@ pub struct EngineConfig {
     pub speculative: SpecConfig,
     /// A draft model for speculative decoding: a GGUF file with the target's vocabulary.
     pub draft_model: Option<std::path::PathBuf>,
+    /// How embeddings pool a text's hidden states.
+    pub pooling: crate::runner::embed::Pooling,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +77,7 @@ impl Default for EngineConfig {
             session_ttl: Duration::from_secs(3600),
             speculative: SpecConfig::default(),
             draft_model: None,
+            pooling: crate::runner::embed::Pooling::default(),
         }
     }
 }
@@ -89,6 +95,10 @@ pub struct EngineInfo {
     /// K/V bytes the budget holds: the model's pages and its drafters' (draft model, MTP heads).
     pub kv_budget_bytes: u64,
     pub vocab_size: usize,
+    /// Length of an embedding: the model's hidden size.
+    pub embedding_size: usize,
+    /// How embeddings pool a text's hidden states (`--pooling`).
+    pub pooling: crate::runner::embed::Pooling,
     /// With speculation on: the cost of an extra verify row relative to a decode step.
     pub spec_row_cost: Option<f64>,
     /// The drafters the server runs (`prediction`, `ngram`, `draft`, `mtp`).
@@ -234,6 +244,8 @@ impl Engine {
             kv_dtype: cfg.kv_dtype,
             kv_budget_bytes: num_pages as u64 * page_bytes,
             vocab_size: bundle.transformer.config.vocab_size,
+            embedding_size: bundle.transformer.config.hidden_size,
+            pooling: cfg.pooling,
             spec_row_cost: speculative.is_on().then_some(speculative.row_cost),
             drafters: speculative.drafters().names(),
             speculative: speculative.clone(),
@@ -440,6 +452,7 @@ impl Engine {
             ephemeral,
             draft_key: draft_key.into(),
             prompt_logprobs: req.prompt_logprobs,
+            embed: None,
             events: seq_tx,
         };
         if let Err(e) = self.scheduler.send(Enqueue(submission)).await? {

@@ -143,6 +143,8 @@ impl StreamTask {
                         break;
                     }
                 }
+                // Embedding requests are answered by `Engine::embed`, not by a stream.
+                SeqEvent::Embedding { .. } => {}
                 SeqEvent::Finished { reason, usage } => {
                     held.push_str(&self.detokenize(Vec::new(), true).await);
                     let (emit, stop_string) = self.split_at_stop(&mut held, true);

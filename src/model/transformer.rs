@@ -255,6 +255,13 @@ impl Transformer {
         })
     }
 
+    /// `out = final_norm(hidden)` for rows of hidden states taken before it (as
+    /// [`ForwardOutput::hidden`] holds them): what the output projection reads, and what an
+    /// embedding pools.
+    pub fn final_norm(&self, hidden: &[f32], out: &mut Vec<f32>) {
+        rms_norm(hidden, &self.final_norm, self.config.rms_eps, out);
+    }
+
     /// Runs MTP module `module` over a ragged batch: each row takes a hidden state
     /// (`hidden: [num rows, hidden_size]`, the target's or a module's output, before any final
     /// norm) and the batch's token for that row (the token after the hidden state's position).

@@ -54,6 +54,8 @@ pub struct ForwardOutput {
     /// Per step with a `PromptLogprobJob` (see `runner::worker`): `(step, one entry per output
     /// row)`, each the scored token's log-probability and the most likely tokens with theirs.
     pub prompt_logprobs: Vec<(usize, Vec<TokenLogprobs>)>,
+    /// Per step with an `EmbedJob` (see `runner::embed`): its rows pooled.
+    pub pooled: Vec<super::embed::PooledRows>,
 }
 
 /// `ln p` of a token (`None` where the row scores nothing) and the most likely tokens with

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod calibrate;
+pub mod embed;
 pub mod single;
 pub mod worker;
 

@@ -3,6 +3,7 @@
 //! every page each sequence may touch.
 
 use super::batch::{ForwardOutput, OutputRows, Sampled, SeqStep, TokenLogprobs};
+use super::embed::EmbedJob;
 use crate::error::EngineError;
 use crate::kv::{KvDtype, KvStorage, PageCopy, PageId};
 use crate::model::Transformer;
@@ -118,6 +119,8 @@ pub struct Forward {
     pub sample: Vec<SampleJob>,
     /// Prompts to score after the forward.
     pub prompt_logprobs: Vec<PromptLogprobJob>,
+    /// Prompts being embedded: their rows pooled after the forward (`want_hidden` is set).
+    pub embed: Vec<EmbedJob>,
 }
 
 impl Handler<Forward> for ModelWorker {
@@ -154,6 +157,7 @@ impl Handler<Forward> for ModelWorker {
                     .map(|job| job.run(&out))
                     .collect();
                 out.prompt_logprobs = msg.prompt_logprobs.iter().map(|j| j.run(&out)).collect();
+                out.pooled = msg.embed.iter().map(|j| j.run(&out, &self.model)).collect();
                 out.sampling_time = started.elapsed();
                 if keep_logits {
                     self.spare_logits = std::mem::take(&mut out.logits);

@@ -12,6 +12,7 @@ use crate::error::{EngineError, KvError};
 use crate::kv::pool_actor::{GetPoolStats, PagePoolActor, Release};
 use crate::kv::PageId;
 use crate::runner::batch::{ForwardOutput, OutputRows, Sampled, TokenLogprobs};
+use crate::runner::embed::{EmbedJob, Pooled, PooledRows, Pooling};
 use crate::runner::worker::{Forward, ModelWorker, OwnedSeqStep, PromptLogprobJob, SampleJob};
 use crate::sampling::{
     Distribution, SampleOutput, Sampler, SamplingError, SamplingParams, TokenHistory,
@@ -50,6 +51,9 @@ pub struct Submission {
     /// Score the prompt's own tokens, with this many most likely alternatives each (the
     /// session reused nothing, so every prompt row is computed).
     pub prompt_logprobs: Option<usize>,
+    /// Embed the prompt instead of generating: its hidden states pooled so, sent as
+    /// [`SeqEvent::Embedding`] once the prompt is computed, and then the sequence ends.
+    pub embed: Option<Pooling>,
     pub events: UnboundedSender<SeqEvent>,
 }
 
@@ -91,6 +95,7 @@ struct Active {
     admitted_at: Instant,
     first_token_at: Option<Instant>,
     prompt_score: Option<PromptScore>,
+    embedding: Option<Pooled>,
 }
 
 pub struct SchedulerActor {
@@ -298,11 +303,20 @@ impl SchedulerActor {
             })
             .collect();
         // Rows the worker samples: their samplers go with the step and come back in `apply`.
-        let mut jobs: HashMap<SeqId, SampleJob> = plan
+        let sampled: Vec<SeqId> = plan
             .grants
             .iter()
-            .filter(|g| g.wants_logits && g.num_drafts == 0)
-            .map(|g| (g.seq_id, self.take_sample_job(g.seq_id)))
+            .filter(|g| g.wants_logits && g.num_drafts == 0 && !self.is_embedding(g.seq_id))
+            .map(|g| g.seq_id)
+            .collect();
+        let mut jobs: HashMap<SeqId, SampleJob> = sampled
+            .into_iter()
+            .map(|id| (id, self.take_sample_job(id)))
+            .collect();
+        let mut pooling: HashMap<SeqId, EmbedJob> = plan
+            .grants
+            .iter()
+            .filter_map(|g| Some((g.seq_id, self.embed_job(g)?)))
             .collect();
         let mut scoring: HashMap<SeqId, PromptLogprobJob> = plan
             .grants
@@ -311,7 +325,8 @@ impl SchedulerActor {
             .collect();
         let worker = self.worker.clone();
         let pool = self.pool.clone();
-        let want_hidden = self.wants_hidden(plan.grants.iter().map(|g| g.seq_id));
+        let want_hidden =
+            self.wants_hidden(plan.grants.iter().map(|g| g.seq_id)) || !pooling.is_empty();
         async move {
             let mut granted = Vec::new();
             let mut refused = Vec::new();
@@ -333,7 +348,12 @@ impl SchedulerActor {
             let copy_sources: Vec<PageId> = copies.iter().map(|c| c.src).collect();
             let mut sample = Vec::new();
             let mut prompt_logprobs = Vec::new();
+            let mut embed = Vec::new();
             for (step, g) in granted.iter().enumerate() {
+                if let Some(mut job) = pooling.remove(&g.grant.seq_id) {
+                    job.step = step;
+                    embed.push(job);
+                }
                 if let Some(mut job) = jobs.remove(&g.grant.seq_id) {
                     job.step = step;
                     sample.push(job);
@@ -344,6 +364,7 @@ impl SchedulerActor {
                 }
             }
             let scored: Vec<usize> = prompt_logprobs.iter().map(|j| j.step).collect();
+            let embedded: Vec<usize> = embed.iter().map(|j| j.step).collect();
             let steps: Vec<OwnedSeqStep> = granted
                 .iter()
                 .enumerate()
@@ -353,6 +374,7 @@ impl SchedulerActor {
                     page_ids: g.page_ids.clone(),
                     outputs: match (g.grant.wants_logits, g.grant.num_drafts) {
                         _ if scored.contains(&step) => OutputRows::All,
+                        _ if embedded.contains(&step) => OutputRows::None,
                         (false, _) => OutputRows::None,
                         (true, 0) => OutputRows::Last,
                         (true, _) => OutputRows::All,
@@ -378,6 +400,7 @@ impl SchedulerActor {
                     copies,
                     sample,
                     prompt_logprobs,
+                    embed,
                 });
                 let out = out.await.map_err(EngineError::from).and_then(|r| r);
                 forward_time = started.elapsed();
@@ -436,6 +459,10 @@ impl SchedulerActor {
             std::mem::take(&mut out.prompt_logprobs)
                 .into_iter()
                 .collect();
+        let mut pooled: HashMap<usize, PooledRows> = std::mem::take(&mut out.pooled)
+            .into_iter()
+            .map(|p| (p.step, p))
+            .collect();
         for (batch_index, granted) in outcome.granted.into_iter().enumerate() {
             let Granted {
                 grant: g,
@@ -461,6 +488,10 @@ impl SchedulerActor {
             self.tally.verified |= g.num_drafts > 0;
             self.tally.num_decode_rows += usize::from(g.num_drafts == 0 && plain_rows == 1);
             self.record_prompt_logprobs(id, start, scored.remove(&batch_index));
+            if let Some(rows) = pooled.remove(&batch_index) {
+                self.record_pooled(id, rows, start + tokens.len());
+                continue;
+            }
             // Rows whose K/V (and hidden state) stay: all, or up to the last accepted draft.
             let mut num_valid = tokens.len();
             if g.num_drafts > 0 {
@@ -469,6 +500,35 @@ impl SchedulerActor {
                 self.commit_sampled(id, s);
             }
             self.collect_hidden(id, &out, batch_index, start, num_valid);
+        }
+    }
+
+    fn is_embedding(&self, id: SeqId) -> bool {
+        self.active.get(&id).is_some_and(|a| a.embedding.is_some())
+    }
+
+    /// The pooling a grant's rows need, when its sequence is being embedded.
+    fn embed_job(&self, g: &Grant) -> Option<EmbedJob> {
+        let a = &self.active[&g.seq_id];
+        let pooled = a.embedding.as_ref()?;
+        Some(pooled.job(a.seq.num_computed, g.num_tokens, a.seq.num_prompt))
+    }
+
+    /// Adds a step's pooled rows (ending at position `end`) to its sequence's embedding; once
+    /// the whole prompt is pooled, sends the embedding and ends the sequence.
+    fn record_pooled(&mut self, id: SeqId, rows: PooledRows, end: usize) {
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        let Some(pooled) = a.embedding.as_mut() else {
+            return;
+        };
+        pooled.add(rows, end);
+        if a.seq.num_computed >= a.seq.num_prompt {
+            let _ = a.sub.events.send(SeqEvent::Embedding {
+                vector: pooled.vector(),
+            });
+            self.finish(id, Ok(FinishReason::Stop));
         }
     }
 
@@ -783,6 +843,7 @@ impl Handler<Enqueue> for SchedulerActor {
         let mut seq = Sequence::new(id, id, sub.tokens.clone(), sub.cached_tokens, sub.num_pages);
         let seq_computed = seq.num_computed;
         let prompt_score = sub.prompt_logprobs.map(PromptScore::new);
+        let sub_embed = sub.embed;
         if prompt_score.is_some() {
             seq.max_chunk = Some(SCORED_PROMPT_CHUNK);
         }
@@ -801,6 +862,7 @@ impl Handler<Enqueue> for SchedulerActor {
                 admitted_at: Instant::now(),
                 first_token_at: None,
                 prompt_score,
+                embedding: sub_embed.map(Pooled::new),
             },
         );
         ctx.notify(Step);

@@ -77,6 +77,11 @@ pub enum SeqEvent {
         logprobs: Vec<Option<f32>>,
         top_logprobs: Vec<Vec<(u32, f32)>>,
     },
+    /// The prompt's pooled hidden state, for a sequence that embeds its prompt (see
+    /// `Submission::embed`); the sequence then finishes without generating.
+    Embedding {
+        vector: Vec<f32>,
+    },
     Finished {
         reason: FinishReason,
         usage: Usage,

@@ -12,6 +12,9 @@ Usage:
   forward.py --model M.gguf --tokens-file IDS.json --mode greedy --steps 32 [--ignore-eos]
       Greedy continuation after the prompt: a JSON list of token ids on stdout, at most STEPS,
       ending with the end-of-generation token if one was produced (unless --ignore-eos).
+  forward.py --model M.gguf --tokens-file IDS.json --mode embedding --out E.npy
+      The hidden states after the final norm pooled two ways, each scaled to unit length:
+      float32 [2, hidden], the mean over positions and then the last position's.
 
 Conventions (as llama.cpp reads these GGUF files):
   - numpy arrays from gguf have the GGUF dims reversed: a matrix is [out_features, in_features].
@@ -144,13 +147,16 @@ class Model:
 
     def forward(self, token_ids, cache):
         """Appends `token_ids` after the positions in `cache`; returns logits [n, vocab]."""
+        return linear(self.hidden(token_ids, cache), self.output)
+
+    def hidden(self, token_ids, cache):
+        """As `forward`, but returns the hidden states after the final norm [n, hidden]."""
         start = cache[0][0].shape[1]
         positions = np.arange(start, start + len(token_ids))
         x = self.token_embd[np.asarray(token_ids)]  # [n, hidden]
         for i, layer in enumerate(self.layers):
             x, cache[i] = self.block(layer, x, positions, cache[i])
-        x = rms_norm(x, self.output_norm, self.cfg.eps)
-        return linear(x, self.output)
+        return rms_norm(x, self.output_norm, self.cfg.eps)
 
     def block(self, layer, x, positions, kv):
         cfg = self.cfg
@@ -198,7 +204,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="path to a .gguf file (llama or qwen2)")
     ap.add_argument("--tokens-file", required=True, help="JSON list of token ids")
-    ap.add_argument("--mode", choices=("logits", "greedy"), required=True)
+    ap.add_argument("--mode", choices=("logits", "greedy", "embedding"), required=True)
     ap.add_argument("--out", help="logits mode: write float32 [n, vocab] logits here (.npy)")
     ap.add_argument("--top1-out", help="logits mode: write int64 [n] argmax per position here (.npy)")
     ap.add_argument("--steps", type=int, default=32, help="greedy mode: tokens to generate at most")
@@ -209,6 +215,8 @@ def main():
         token_ids = [int(t) for t in json.load(f)]
     if not token_ids:
         sys.exit("empty token list")
+    if args.mode == "embedding" and not args.out:
+        sys.exit("embedding mode needs --out")
     if args.mode == "logits" and not (args.out or args.top1_out):
         sys.exit("logits mode needs --out and/or --top1-out")
 
@@ -223,6 +231,10 @@ def main():
             np.save(args.out, logits)
         if args.top1_out:
             np.save(args.top1_out, np.argmax(logits, axis=-1).astype(np.int64))
+    elif args.mode == "embedding":
+        h = model.hidden(token_ids, model.new_cache()).astype(np.float64)
+        pooled = np.stack([h.mean(axis=0), h[-1]])
+        np.save(args.out, (pooled / np.linalg.norm(pooled, axis=1, keepdims=True)).astype(np.float32))
     else:
         print(json.dumps(greedy(model, token_ids, args.steps, args.ignore_eos)))
     t2 = time.perf_counter()

@@ -1,4 +1,4 @@
-//! Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`,
+//! Ollama's API (`/api/chat`, `/api/generate`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps`,
 //! `/api/version`), so that editors and tools written for Ollama (Continue, Open WebUI, the
 //! `ollama` Python and JS packages, ...) work against mtpx unchanged.
 //!
@@ -14,6 +14,7 @@
 //! - errors are Ollama's `{"error": "message"}` with the right status (an error after a
 //!   streamed reply began is its last line).
 
+pub mod embed;
 mod reply;
 pub mod request;
 

@@ -1,0 +1,263 @@
+//! `POST /v1/embeddings` (OpenAI; llama.cpp and vLLM serve it too): each input's hidden states
+//! after the final norm, pooled as `--pooling` says and scaled to unit length. Inputs run as
+//! concurrent engine requests, so a batch of texts shares forward passes with whatever else
+//! is running. The Ollama routes (`/api/embed`, `/api/embeddings`) share [`embed_inputs`].
+
+use super::auth::Authorized;
+use super::disconnect::Peer;
+use super::errors::{from_value, read_json_object, ApiError};
+use super::AppState;
+use crate::engine::{EmbedRequest, Embedding, Engine, Prompt};
+use actix_web::{web, HttpRequest, HttpResponse};
+use base64::Engine as _;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// OpenAI's limit on inputs per request.
+pub const MAX_INPUTS: usize = 2048;
+
+/// Inputs embedded at once: enough to fill a batch, few enough that a 2,048-input request
+/// leaves the queue to others.
+const CONCURRENT_INPUTS: usize = 32;
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct EmbeddingRequest {
+    pub model: Option<String>,
+    pub input: EmbeddingInput,
+    /// `float` (the default) or `base64` (little-endian float32 bytes; the `openai` Python
+    /// package asks for it).
+    pub encoding_format: Option<String>,
+    /// Only the model's own size: its embeddings are not trained to be cut shorter.
+    pub dimensions: Option<usize>,
+    pub user: Option<String>,
+}
+
+/// A string, strings, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl EmbeddingInput {
+    /// The prompts, checked as OpenAI checks them: at least one, at most [`MAX_INPUTS`], none
+    /// empty, token ids inside the vocabulary.
+    pub fn prompts(self, vocab_size: usize) -> Result<Vec<Prompt>, ApiError> {
+        let prompts: Vec<Prompt> = match self {
+            EmbeddingInput::Text(t) => vec![Prompt::Text(t)],
+            EmbeddingInput::Texts(t) => t.into_iter().map(Prompt::Text).collect(),
+            EmbeddingInput::Tokens(ids) => vec![Prompt::Tokens(ids)],
+            EmbeddingInput::TokenLists(l) => l.into_iter().map(Prompt::Tokens).collect(),
+        };
+        if prompts.is_empty() {
+            return Err(ApiError::invalid(
+                Some("input"),
+                "`input` holds no text to embed",
+            ));
+        }
+        if prompts.len() > MAX_INPUTS {
+            return Err(ApiError::invalid(
+                Some("input"),
+                format!(
+                    "`input` holds {} items; at most {MAX_INPUTS} may be embedded in one request",
+                    prompts.len()
+                ),
+            ));
+        }
+        for (i, p) in prompts.iter().enumerate() {
+            let empty = match p {
+                Prompt::Text(t) => t.is_empty(),
+                Prompt::Tokens(ids) => ids.is_empty(),
+                _ => false,
+            };
+            if empty {
+                return Err(ApiError::invalid(
+                    Some("input"),
+                    format!("`input[{i}]` is empty: every input needs at least one token"),
+                ));
+            }
+            if let Prompt::Tokens(ids) = p {
+                if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+                    return Err(ApiError::invalid(
+                        Some("input"),
+                        format!("`input[{i}]` holds token id {id}, outside the vocabulary of {vocab_size} tokens"),
+                    ));
+                }
+            }
+        }
+        Ok(prompts)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EmbeddingResponse {
+    /// `list`.
+    pub object: String,
+    pub data: Vec<EmbeddingObject>,
+    pub model: String,
+    pub usage: EmbeddingUsage,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EmbeddingObject {
+    /// `embedding`.
+    pub object: String,
+    pub index: usize,
+    /// Floats, or a base64 string of little-endian float32 bytes.
+    #[schema(value_type = Object)]
+    pub embedding: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+/// Embeds every prompt (in order), a few at a time; the first failure fails them all, and a
+/// client that hangs up cancels the rest.
+pub async fn embed_inputs(
+    engine: &Engine,
+    prompts: Vec<Prompt>,
+    truncate: bool,
+    peer: Peer,
+) -> Result<Vec<Embedding>, ApiError> {
+    let all = futures::stream::iter(prompts)
+        .map(|prompt| {
+            engine.embed(EmbedRequest {
+                prompt,
+                pooling: None,
+                truncate,
+            })
+        })
+        .buffered(CONCURRENT_INPUTS)
+        .collect::<Vec<_>>();
+    let embedded = tokio::select! {
+        embedded = all => embedded,
+        () = peer.hung_up() => return Err(ApiError::client_closed()),
+    };
+    embedded
+        .into_iter()
+        .map(|r| r.map_err(|e| ApiError::from(e).with_param_renamed("messages", "input")))
+        .collect()
+}
+
+/// Create embeddings for one or more inputs.
+#[utoipa::path(post, path = "/v1/embeddings", request_body = EmbeddingRequest, responses(
+    (status = 200, body = EmbeddingResponse), (status = 400, body = super::types::ErrorResponse),
+    (status = 401, body = super::types::ErrorResponse), (status = 404, body = super::types::ErrorResponse),
+))]
+pub async fn embeddings(
+    _auth: Authorized,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
+    let request: EmbeddingRequest = from_value(&value)?;
+    state.check_model(request.model.as_deref())?;
+    let engine = state.engine()?;
+    let info = engine.info();
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some("encoding_format"),
+                format!("`encoding_format` must be `float` or `base64`, not `{other}`"),
+            ))
+        }
+    };
+    if let Some(d) = request.dimensions.filter(|&d| d != info.embedding_size) {
+        return Err(ApiError::invalid(
+            Some("dimensions"),
+            format!(
+                "this model's embeddings have {} dimensions and cannot be shortened to {d} \
+                 (it was not trained for shorter ones); drop `dimensions`",
+                info.embedding_size
+            ),
+        ));
+    }
+    let prompts = request.input.prompts(info.vocab_size)?;
+    let embedded = embed_inputs(engine, prompts, false, Peer::of(&req)).await?;
+    let prompt_tokens = embedded.iter().map(|e| e.prompt_tokens).sum();
+    state.metrics.count_usage(prompt_tokens, 0, 0);
+    let data = embedded
+        .into_iter()
+        .enumerate()
+        .map(|(index, e)| {
+            let unit = crate::runner::embed::normalized(&e.vector);
+            EmbeddingObject {
+                object: "embedding".into(),
+                index,
+                embedding: if base64 {
+                    serde_json::Value::String(base64_f32(&unit))
+                } else {
+                    serde_json::json!(unit)
+                },
+            }
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(EmbeddingResponse {
+        object: "list".into(),
+        data,
+        model: request
+            .model
+            .unwrap_or_else(|| state.config.model_id.clone()),
+        usage: EmbeddingUsage {
+            prompt_tokens,
+            total_tokens: prompt_tokens,
+        },
+    }))
+}
+
+/// Little-endian float32 bytes in standard base64, as OpenAI sends `encoding_format: base64`.
+fn base64_f32(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(v: serde_json::Value) -> EmbeddingInput {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn every_input_shape_becomes_prompts() {
+        let count = |v| input(v).prompts(100).map(|p| p.len());
+        assert_eq!(count(serde_json::json!("a")).unwrap(), 1);
+        assert_eq!(count(serde_json::json!(["a", "b"])).unwrap(), 2);
+        assert_eq!(count(serde_json::json!([1, 2, 3])).unwrap(), 1);
+        assert_eq!(count(serde_json::json!([[1], [2, 3]])).unwrap(), 2);
+    }
+
+    #[test]
+    fn empty_oversized_and_out_of_vocabulary_inputs_are_refused() {
+        let refusal = |v| input(v).prompts(100).unwrap_err().message.clone();
+        assert!(refusal(serde_json::json!([])).contains("no text"));
+        assert!(refusal(serde_json::json!(["a", ""])).contains("`input[1]` is empty"));
+        assert!(refusal(serde_json::json!([[1], []])).contains("`input[1]` is empty"));
+        assert!(refusal(serde_json::json!([7, 100])).contains("token id 100"));
+        let many = vec!["x"; MAX_INPUTS + 1];
+        assert!(refusal(serde_json::json!(many)).contains("at most 2048"));
+    }
+
+    #[test]
+    fn base64_is_little_endian_float32() {
+        let encoded = base64_f32(&[1.0, -2.5]);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
+        assert_eq!(
+            bytes,
+            [1.0f32.to_le_bytes(), (-2.5f32).to_le_bytes()].concat()
+        );
+    }
+}
