@@ -8,6 +8,7 @@ use super::disconnect::Peer;
 use super::errors::{from_value, read_json_object, ApiError};
 use super::AppState;
 use crate::engine::{EmbedRequest, Embedding, Engine, Prompt};
+use crate::error::EngineError;
 use actix_web::{web, HttpRequest, HttpResponse};
 use base64::Engine as _;
 use futures::StreamExt;
@@ -142,8 +143,30 @@ pub async fn embed_inputs(
     };
     embedded
         .into_iter()
-        .map(|r| r.map_err(|e| ApiError::from(e).with_param_renamed("messages", "input")))
+        .enumerate()
+        .map(|(i, r)| r.map_err(|e| refusal(i, e)))
         .collect()
+}
+
+/// The engine's refusal of input `i`, worded for an embedding (nothing is generated, so no
+/// `max_tokens` to lower).
+fn refusal(i: usize, e: EngineError) -> ApiError {
+    let too_long = match &e {
+        EngineError::ContextLengthExceeded {
+            prompt_tokens,
+            context_window,
+            ..
+        } => Some((*prompt_tokens, *context_window)),
+        _ => None,
+    };
+    let mut err = ApiError::from(e).with_param_renamed("messages", "input");
+    if let Some((tokens, window)) = too_long {
+        err.message = format!(
+            "`input[{i}]` is {tokens} tokens long but the model's maximum context length is \
+             {window} tokens: shorten or split it"
+        );
+    }
+    err
 }
 
 /// Create embeddings for one or more inputs.

@@ -128,3 +128,20 @@ def test_errors_are_response_errors_with_the_right_status(client):
     assert e.value.status_code == 501
     # The server is still serving.
     assert client.chat(model=MODEL, messages=MESSAGES, options=GREEDY).done
+
+
+def test_embed_gives_unit_vectors_and_truncates_by_default(client):
+    reply = client.embed(model=MODEL, input=["def add(a, b): return a + b", "the cat sat"])
+    assert len(reply.embeddings) == 2
+    for v in reply.embeddings:
+        assert abs(sum(x * x for x in v) - 1) < 1e-4
+    assert reply.prompt_eval_count > 0
+    long = "word " * WINDOW
+    assert client.embed(model=MODEL, input=long).prompt_eval_count == WINDOW
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model=MODEL, input=long, truncate=False)
+    assert info.value.status_code == 400
+    # The older call: the same direction, not normalised.
+    old = client.embeddings(model=MODEL, prompt="the cat sat").embedding
+    norm = sum(x * x for x in old) ** 0.5
+    assert max(abs(x / norm - y) for x, y in zip(old, reply.embeddings[1])) < 1e-5

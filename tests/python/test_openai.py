@@ -232,3 +232,22 @@ def test_grammars_and_ignore_eos_through_extra_body(client):
         greedy(client, extra_body={"guided_grammar": "root ::= [a-"})
     assert e.value.body["param"] == "guided_grammar"
     assert "character class" in e.value.body["message"]
+
+
+def test_embeddings_in_the_sdks_default_base64_equal_floats(client):
+    texts = ["def add(a, b): return a + b", "the cat sat on the mat"]
+    # Without encoding_format the SDK asks for base64 and decodes the float32 bytes itself.
+    default = client.embeddings.create(model=MODEL, input=texts)
+    floats = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    assert [d.index for d in default.data] == [0, 1]
+    for a, b in zip(default.data, floats.data):
+        assert len(a.embedding) == len(b.embedding) > 0
+        assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding)) < 1e-6
+        assert abs(sum(x * x for x in a.embedding) - 1) < 1e-4
+    assert default.data[0].embedding != default.data[1].embedding
+    assert default.usage.prompt_tokens == default.usage.total_tokens > 0
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model=MODEL, input=["ok", "word " * WINDOW])
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.param == "input"
+    assert "`input[1]`" in info.value.message

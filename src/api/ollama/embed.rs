@@ -70,7 +70,7 @@ fn check_dimensions(body: &Value, size: usize) -> Result<(), ApiError> {
     }
 }
 
-#[utoipa::path(post, path = "/api/embed", request_body(content = Object, description = "Ollama's embed request: `model`, `input` (a string or strings), `truncate`, `dimensions`"),
+#[utoipa::path(post, path = "/api/embed", operation_id = "ollama_embed", request_body(content = Object, description = "Ollama's embed request: `model`, `input` (a string or strings), `truncate`, `dimensions`"),
     responses(
         (status = 200, description = "`embeddings` (unit length, one per input), `prompt_eval_count`, durations", body = Object),
         (status = 400, description = "Invalid request, or an input over the window with `truncate: false`", body = super::OllamaErrorBody),
@@ -120,7 +120,7 @@ pub async fn embed(
     })))
 }
 
-#[utoipa::path(post, path = "/api/embeddings", request_body(content = Object, description = "Ollama's older embeddings request: `model`, `prompt`"),
+#[utoipa::path(post, path = "/api/embeddings", operation_id = "ollama_embeddings", request_body(content = Object, description = "Ollama's older embeddings request: `model`, `prompt`"),
     responses(
         (status = 200, description = "`embedding`: the pooled vector, not normalised", body = Object),
         (status = 400, description = "Invalid request, or a prompt over the window", body = super::OllamaErrorBody),
