@@ -264,3 +264,40 @@ async fn ollama_embed_and_embeddings() {
     let unit: Vec<f32> = raw.iter().map(|x| x / norm).collect();
     assert!(dot(&unit, &openai[0]) > 0.9999);
 }
+
+#[actix_rt::test]
+async fn llamacpp_native_embedding_route() {
+    let s = small_qwen_server();
+    let openai = vectors(&post(&s.at("/v1/embeddings"), &json!({ "input": TEXTS[..2] })).await);
+    let r = post(&s.at("/embedding"), &json!({ "content": TEXTS[..2] })).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let items = r.json();
+    for (i, item) in items.as_array().unwrap().iter().enumerate() {
+        assert_eq!(item["index"], i);
+        let v: Vec<Vec<f32>> = serde_json::from_value(item["embedding"].clone()).unwrap();
+        assert_eq!(v.len(), 1, "one pooled vector per input");
+        assert!(dot(&v[0], &openai[i]) > 0.9999);
+    }
+    // embd_normalize -1: the pooled vector as is, which Ollama's older route also sends.
+    let raw = post(
+        &s.at("/embeddings"),
+        &json!({ "input": TEXTS[0], "embd_normalize": -1 }),
+    )
+    .await;
+    let raw: Vec<f32> = serde_json::from_value(raw.json()[0]["embedding"][0].clone()).unwrap();
+    let old = post(&s.at("/api/embeddings"), &json!({ "prompt": TEXTS[0] }))
+        .await
+        .json();
+    let old: Vec<f32> = serde_json::from_value(old["embedding"].clone()).unwrap();
+    assert_eq!(raw, old);
+    let bad = post(
+        &s.at("/embedding"),
+        &json!({ "content": "x", "embd_normalize": "l2" }),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.error()["param"], "embd_normalize");
+    let none = post(&s.at("/embedding"), &json!({ "prompt": "x" })).await;
+    assert_eq!(none.status, 400);
+    assert_eq!(none.error()["param"], "content");
+}

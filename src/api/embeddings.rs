@@ -238,6 +238,82 @@ pub async fn embeddings(
     }))
 }
 
+/// llama.cpp's native `POST /embedding` (and `/embeddings`): `content` (or `input`) in the
+/// same shapes as `/v1/embeddings`, answered as `[{"index", "embedding": [[...]]}]`, one pooled
+/// vector per input, scaled as `embd_normalize` says (llama.cpp's values: -1 none, 0 max-abs to
+/// the int16 range, 1 taxicab, 2 Euclidean, the default, p > 2 the p-norm).
+#[utoipa::path(post, path = "/embedding", operation_id = "llamacpp_embedding", request_body(content = Object, description = "llama.cpp's embedding request: `content` or `input`, `embd_normalize`"), responses(
+    (status = 200, description = "`[{\"index\", \"embedding\": [[...]]}]`", body = Object),
+    (status = 400, body = super::types::ErrorResponse),
+))]
+pub async fn llamacpp_embedding(
+    _auth: Authorized,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let value = read_json_object(&req, payload, state.config.max_body).await?;
+    let Some(input) = value.get("content").or_else(|| value.get("input")).cloned() else {
+        return Err(ApiError::invalid(
+            Some("content"),
+            "`content` (or `input`) must be provided",
+        ));
+    };
+    let input: EmbeddingInput = serde_json::from_value(input).map_err(|_| {
+        ApiError::invalid(
+            Some("content"),
+            "`content` must be a string, strings, token ids or lists of token ids",
+        )
+    })?;
+    let norm = match value.get("embd_normalize") {
+        None | Some(serde_json::Value::Null) => 2,
+        Some(v) => v.as_i64().filter(|n| *n >= -1).ok_or_else(|| {
+            ApiError::invalid(
+                Some("embd_normalize"),
+                format!("`embd_normalize` must be an integer from -1 up, got `{v}`"),
+            )
+        })?,
+    };
+    let engine = state.engine()?;
+    let prompts = input
+        .prompts(engine.info().vocab_size)
+        .map_err(|e| e.with_param_renamed("input", "content"))?;
+    let embedded = embed_inputs(engine, prompts, false, Peer::of(&req))
+        .await
+        .map_err(|e| e.with_param_renamed("input", "content"))?;
+    state
+        .metrics
+        .count_usage(embedded.iter().map(|e| e.prompt_tokens).sum(), 0, 0);
+    let answer: Vec<serde_json::Value> = embedded
+        .iter()
+        .enumerate()
+        .map(|(index, e)| serde_json::json!({ "index": index, "embedding": [scaled(&e.vector, norm)] }))
+        .collect();
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+/// `v` scaled as llama.cpp's `embd_normalize` says (see [`llamacpp_embedding`]).
+fn scaled(v: &[f32], norm: i64) -> Vec<f32> {
+    let magnitude: f64 = match norm {
+        -1 => 1.0,
+        0 => v.iter().fold(0f64, |m, x| m.max(x.abs() as f64)) / 32760.0,
+        2 => return crate::runner::embed::normalized(v),
+        p => {
+            let p = p as f64;
+            v.iter()
+                .map(|x| (x.abs() as f64).powf(p))
+                .sum::<f64>()
+                .powf(1.0 / p)
+        }
+    };
+    let factor = if magnitude > 0.0 {
+        1.0 / magnitude
+    } else {
+        0.0
+    };
+    v.iter().map(|x| (*x as f64 * factor) as f32).collect()
+}
+
 /// Little-endian float32 bytes in standard base64, as OpenAI sends `encoding_format: base64`.
 fn base64_f32(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -270,6 +346,21 @@ mod tests {
         assert!(refusal(serde_json::json!([7, 100])).contains("token id 100"));
         let many = vec!["x"; MAX_INPUTS + 1];
         assert!(refusal(serde_json::json!(many)).contains("at most 2048"));
+    }
+
+    #[test]
+    fn llamacpp_normalisations() {
+        let v = [3.0, -4.0];
+        assert_eq!(scaled(&v, -1), vec![3.0, -4.0]);
+        assert_eq!(scaled(&v, 0), vec![3.0 * 32760.0 / 4.0, -32760.0]);
+        assert_eq!(scaled(&v, 1), vec![3.0 / 7.0, -4.0 / 7.0]);
+        assert_eq!(scaled(&v, 2), vec![0.6, -0.8]);
+        let cubic = (27.0f64 + 64.0).powf(1.0 / 3.0);
+        assert_eq!(
+            scaled(&v, 3),
+            vec![(3.0 / cubic) as f32, (-4.0 / cubic) as f32]
+        );
+        assert_eq!(scaled(&[0.0, 0.0], 0), vec![0.0, 0.0]);
     }
 
     #[test]

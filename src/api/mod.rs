@@ -23,6 +23,7 @@
 //! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
 //! | `POST /api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
 //! | `POST /completion` (and `/completions`), `/infill`; `GET /props` | [`llamacpp`]: llama.cpp's native routes |
+//! | `POST /embedding` (and `/embeddings`) | [`embeddings`]: llama.cpp's native embeddings |
 //! | `POST /v1/messages`, `/v1/messages/count_tokens` | [`anthropic`]: Anthropic's Messages API |
 //! | `GET /`, `/app.js`, `/style.css` | [`playground`]: the browser playground |
 //! | `GET /openapi.json` | [`openapi`] |
@@ -330,6 +331,16 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         [web::post().to(llamacpp::infill)],
                     ))
                     .service(endpoint("/props", "GET", [web::get().to(llamacpp::props)]))
+                    .service(endpoint(
+                        "/embedding",
+                        "POST",
+                        [web::post().to(embeddings::llamacpp_embedding)],
+                    ))
+                    .service(endpoint(
+                        "/embeddings",
+                        "POST",
+                        [web::post().to(embeddings::llamacpp_embedding)],
+                    ))
                     .service(endpoint(
                         "/v1/messages",
                         "POST",

@@ -22,6 +22,7 @@ use utoipa::{Modify, OpenApi};
         chat::chat_completions,
         completions::completions,
         embeddings::embeddings,
+        embeddings::llamacpp_embedding,
         models::list_models,
         models::get_model,
         tokens::tokenize,
