@@ -49,6 +49,24 @@ fn chunked_prefill_equals_one_shot_prefill() {
     }
 }
 
+/// A step of 1,100 rows runs its MLP in three blocks of rows (`MLP_ROW_BLOCK`); every row's
+/// logits equal those of the same prompt prefilled in steps of 200.
+#[test]
+fn a_step_wider_than_the_mlp_row_block_equals_narrower_steps() {
+    let model = test_model();
+    let tokens = prompt(1100);
+    let mut whole = SingleSequence::new(&model, 1101, 16, KvDtype::F32);
+    let at_once = whole.append(&tokens, tokens.len(), true).unwrap();
+    let mut chunked = SingleSequence::new(&model, 1101, 16, KvDtype::F32);
+    let in_steps = chunked.append(&tokens, 200, true).unwrap();
+    let diff = max_abs_diff(&at_once, &in_steps);
+    assert!(diff < 1e-3, "logits differ by {diff}");
+    let vocab = at_once.len() / tokens.len();
+    for (a, b) in at_once.chunks(vocab).zip(in_steps.chunks(vocab)) {
+        assert_eq!(argmax(a), argmax(b));
+    }
+}
+
 #[test]
 fn all_rows_logits_equal_step_by_step_logits() {
     // What speculative verification relies on: logits for k rows at once equal k decode steps.

@@ -388,11 +388,20 @@ impl Transformer {
         );
         add_in_place(x, &block.o.forward(&attn)?);
 
-        rms_norm(x, &block.ffn_norm, cfg.rms_eps, &mut h);
-        let mut gate = block.gate.forward(&h)?;
-        let up = block.up.forward(&h)?;
-        silu_mul_in_place(&mut gate, &up);
-        add_in_place(x, &block.down.forward(&gate)?);
+        // The MLP a block of rows at a time (rows are independent there): a 2,048-row step's
+        // `[rows, intermediate]` activations (40 MB each on the 0.5B) fall out of cache between
+        // the products and the SwiGLU, which made such steps ~25% slower a token than 512-row
+        // ones. Blocks are balanced, so none is small enough to take the few-row kernels.
+        let hs = cfg.hidden_size;
+        let rows = x.len() / hs;
+        let per_block = rows.div_ceil(rows.div_ceil(MLP_ROW_BLOCK).max(1)).max(1);
+        for rows in x.chunks_mut(per_block * hs) {
+            rms_norm(rows, &block.ffn_norm, cfg.rms_eps, &mut h);
+            let mut gate = block.gate.forward(&h)?;
+            let up = block.up.forward(&h)?;
+            silu_mul_in_place(&mut gate, &up);
+            add_in_place(rows, &block.down.forward(&gate)?);
+        }
         Ok(())
     }
 
@@ -454,6 +463,9 @@ impl Transformer {
         })
     }
 }
+
+/// Most rows the MLP takes at once (see `block_forward`): the prefill chunk's size.
+const MLP_ROW_BLOCK: usize = 512;
 
 /// The batch's tokens, sequence after sequence: its rows in order.
 fn batch_tokens(batch: &[SeqStep]) -> Vec<u32> {
