@@ -6,9 +6,9 @@ Usage: `mtpx serve -m qwen2.5-coder-0.5b` and a peer with OpenAI's `/v1/embeddin
 
     python3 benches/embeddings.py mtpx=http://127.0.0.1:8080 llama.cpp=http://127.0.0.1:8081
 
-Texts: 128 pieces of mtpx's own source (Rust, 40 lines each, ~300-600 tokens). Each round, for
-each server in turn: the 128 texts in requests of 32 inputs, then 16 of them one request at a
-time. Reports medians of texts/s and prompt tokens/s, each server's ratio to the first, and the
+Texts: 128 pieces of mtpx's own source (Rust, 40 lines each, ~300-600 tokens; `TEXTS=N` for
+fewer). Each round (`ROUNDS`, default 3), for each server in turn: the texts in requests of 32
+inputs, then the first 16 (`SINGLE=N`) one request at a time. Reports medians of texts/s and prompt tokens/s, each server's ratio to the first, and the
 cosine similarity of the servers' vectors for the same texts (both mean-pooled and normalised,
 so a faithful implementation agrees to ~0.999; it shows that both compute the same thing).
 """
@@ -16,6 +16,8 @@ import glob, json, math, os, statistics, sys, time, urllib.request
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 ROUNDS = int(os.environ.get("ROUNDS", 3))
+TEXTS = int(os.environ.get("TEXTS", 128))
+SINGLE = int(os.environ.get("SINGLE", 16))
 
 
 def texts():
@@ -24,7 +26,7 @@ def texts():
         lines = open(path, encoding="utf-8").read().splitlines()
         for i in range(0, len(lines) - 40, 40):
             out.append("\n".join(lines[i:i + 40]))
-    return out[:128]
+    return out[:TEXTS]
 
 
 def embed(url, inputs):
@@ -59,7 +61,7 @@ def main():
             tps, toks, v = run(url, corpus, 32)
             batched[name].append((tps, toks))
             vectors[name] = v
-            single[name].append(run(url, corpus[:16], 1)[:2])
+            single[name].append(run(url, corpus[:SINGLE], 1)[:2])
             print(f"round {r + 1} {name}: {tps:.2f} texts/s ({toks:.0f} tok/s) in 32s, "
                   f"{single[name][-1][0]:.2f} texts/s ({single[name][-1][1]:.0f} tok/s) one at "
                   "a time", flush=True)
