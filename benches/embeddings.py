@@ -8,9 +8,11 @@ Usage: `mtpx serve -m qwen2.5-coder-0.5b` and a peer with OpenAI's `/v1/embeddin
 
 Texts: 128 pieces of mtpx's own source (Rust, 40 lines each, ~300-600 tokens; `TEXTS=N` for
 fewer). Each round (`ROUNDS`, default 3), for each server in turn: the texts in requests of 32
-inputs, then the first 16 (`SINGLE=N`) one request at a time. Reports medians of texts/s and prompt tokens/s, each server's ratio to the first, and the
-cosine similarity of the servers' vectors for the same texts (both mean-pooled and normalised,
-so a faithful implementation agrees to ~0.999; it shows that both compute the same thing).
+inputs, then the first 16 (`SINGLE=N`) one request at a time. Reports medians of texts/s and
+prompt tokens/s, each server's ratio to the first, and the cosine similarity of the servers'
+batched vectors for the same texts (both mean-pooled and normalised; one text at a time
+mtpx and llama.cpp agree to 0.9997 or better, so a lower figure means a server's batched
+vectors are not its single ones).
 """
 import glob, json, math, os, statistics, sys, time, urllib.request
 
