@@ -361,6 +361,18 @@ pub fn optional_string(body: &Value, field: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A boolean field of a request body, `default` when absent or null.
+pub fn optional_bool(body: &Value, field: &str, default: bool) -> Result<bool, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::invalid(
+            Some(field),
+            format!("`{field}` must be a boolean, got `{other}`"),
+        )),
+    }
+}
+
 /// Deserializes a typed request from an already parsed object; a wrong type or a missing
 /// field is a 400 whose `param` is the field's path.
 pub fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {

@@ -19,7 +19,9 @@ mod request;
 use super::auth::Authorized;
 use super::chat_prompt;
 use super::disconnect::Peer;
-use super::errors::{from_value, read_json_object, ApiError, ErrorShape, ShapedError};
+use super::errors::{
+    from_value, optional_bool, read_json_object, ApiError, ErrorShape, ShapedError,
+};
 use super::generate::{self, collect_all, submit_all};
 use super::sse;
 use super::tool_calls::ToolCallParser;
@@ -145,17 +147,7 @@ pub async fn messages(
     let auth = auth?;
     let body = read_json_object(&req, payload, state.config.max_body).await?;
     let model = requested_model(&state, &body)?;
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("stream"),
-                format!("`stream` must be a boolean, got `{other}`"),
-            )
-            .into())
-        }
-    };
+    let stream = optional_bool(&body, "stream", false)?;
     let (prompt, chat) = prompt_of(&body, false)?;
     let params: GenerationParams = from_value(&chat)?;
     let engine = state.engine()?;

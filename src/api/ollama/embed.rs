@@ -7,7 +7,7 @@ use super::{requested_model, Reply};
 use crate::api::auth::Authorized;
 use crate::api::disconnect::Peer;
 use crate::api::embeddings::{embed_inputs, MAX_INPUTS};
-use crate::api::errors::{read_json_object, ApiError};
+use crate::api::errors::{optional_bool, optional_string, read_json_object, ApiError};
 use crate::api::AppState;
 use crate::engine::Prompt;
 use crate::runner::embed::normalized;
@@ -86,17 +86,7 @@ pub async fn embed(
     auth?;
     let body = read_json_object(&req, payload, state.config.max_body).await?;
     let model = requested_model(&state, &body)?;
-    let truncate = match body.get("truncate") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("truncate"),
-                format!("`truncate` must be a boolean, got `{other}`"),
-            )
-            .into())
-        }
-    };
+    let truncate = optional_bool(&body, "truncate", true)?;
     let texts = inputs(&body)?;
     if texts.is_empty() {
         // Ollama's way to load a model: nothing to embed.
@@ -135,17 +125,7 @@ pub async fn embeddings(
     auth?;
     let body = read_json_object(&req, payload, state.config.max_body).await?;
     requested_model(&state, &body)?;
-    let prompt = match body.get("prompt") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("prompt"),
-                format!("`prompt` must be a string, got `{other}`"),
-            )
-            .into())
-        }
-    };
+    let prompt = optional_string(&body, "prompt")?;
     let engine = state.engine()?;
     if prompt.is_empty() {
         // Ollama answers an empty prompt (a model load) with an empty embedding.

@@ -22,7 +22,7 @@ use super::auth::Authorized;
 use super::chat_prompt;
 use super::disconnect::Peer;
 use super::errors::{
-    from_value, optional_string, read_json_object, ApiError, ErrorShape, ShapedError,
+    from_value, optional_bool, optional_string, read_json_object, ApiError, ErrorShape, ShapedError,
 };
 use super::generate::{self, collect_all, submit_all};
 use super::tool_calls::ToolCallParser;
@@ -106,14 +106,7 @@ fn listed_name(state: &AppState) -> String {
 
 /// `stream` (Ollama's default: true).
 fn wants_stream(body: &Value) -> Result<bool, ApiError> {
-    match body.get("stream") {
-        None | Some(Value::Null) => Ok(true),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ApiError::invalid(
-            Some("stream"),
-            format!("`stream` must be a boolean, got `{other}`"),
-        )),
-    }
+    optional_bool(body, "stream", true)
 }
 
 /// A request with nothing to generate loads (or, with `keep_alive: 0`, unloads) the model in
