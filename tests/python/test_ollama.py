@@ -124,8 +124,8 @@ def test_errors_are_response_errors_with_the_right_status(client):
         client.generate(model=MODEL, prompt="x", suffix="y")
     assert e.value.status_code == 400 and "suffix" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.embed(model=MODEL, input="x")
-    assert e.value.status_code == 501
+        client.delete(model=MODEL)
+    assert e.value.status_code == 501 and "not implemented" in e.value.error
     # The server is still serving.
     assert client.chat(model=MODEL, messages=MESSAGES, options=GREEDY).done
 
