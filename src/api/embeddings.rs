@@ -119,6 +119,21 @@ pub struct EmbeddingUsage {
     pub total_tokens: usize,
 }
 
+/// `dimensions`, when asked for, must be the model's own size: its embeddings are not trained
+/// to be cut shorter (vLLM refuses the same for models without Matryoshka training).
+pub fn check_dimensions(requested: Option<usize>, size: usize) -> Result<(), ApiError> {
+    match requested {
+        Some(d) if d != size => Err(ApiError::invalid(
+            Some("dimensions"),
+            format!(
+                "this model's embeddings have {size} dimensions and cannot be shortened to {d} \
+                 (it was not trained for shorter ones); drop `dimensions`"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Embeds every prompt (in order), a few at a time; the first failure fails them all, and a
 /// client that hangs up cancels the rest.
 pub async fn embed_inputs(
@@ -195,16 +210,7 @@ pub async fn embeddings(
             ))
         }
     };
-    if let Some(d) = request.dimensions.filter(|&d| d != info.embedding_size) {
-        return Err(ApiError::invalid(
-            Some("dimensions"),
-            format!(
-                "this model's embeddings have {} dimensions and cannot be shortened to {d} \
-                 (it was not trained for shorter ones); drop `dimensions`",
-                info.embedding_size
-            ),
-        ));
-    }
+    check_dimensions(request.dimensions, info.embedding_size)?;
     let prompts = request.input.prompts(info.vocab_size)?;
     let embedded = embed_inputs(engine, prompts, false, Peer::of(&req)).await?;
     let prompt_tokens = embedded.iter().map(|e| e.prompt_tokens).sum();

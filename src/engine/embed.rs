@@ -6,8 +6,8 @@ use super::{Engine, Prompt};
 use crate::error::EngineError;
 use crate::runner::embed::Pooling;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::scheduler::{Enqueue, SeqEvent, Submission};
-use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor};
+use crate::scheduler::{SeqEvent, Submission};
+use crate::session::{BeginTurn, SessionActor};
 use crate::spec::{DrafterSet, SeqSpec};
 use actix::Actor;
 use std::sync::atomic::Ordering;
@@ -35,28 +35,14 @@ impl Engine {
     /// Embeds one text. Dropping the future cancels it, as dropping a stream does.
     pub async fn embed(&self, req: EmbedRequest) -> Result<Embedding, EngineError> {
         let mut tokens = self.tokenize(&req.prompt).await?;
-        let window = self.info.context_window;
         if req.truncate {
-            tokens.truncate(window);
+            tokens.truncate(self.info.context_window);
         }
         let prompt_tokens = tokens.len();
         if prompt_tokens == 0 {
             return Err(EngineError::InvalidRequest("the input is empty".into()));
         }
-        if prompt_tokens > window {
-            return Err(EngineError::ContextLengthExceeded {
-                prompt_tokens,
-                max_tokens: 0,
-                context_window: window,
-            });
-        }
-        let budget_tokens = self.info.num_pages * self.info.page_size;
-        if prompt_tokens > budget_tokens {
-            return Err(EngineError::InsufficientKvMemory {
-                needed_tokens: prompt_tokens,
-                budget_tokens,
-            });
-        }
+        self.check_fits(prompt_tokens, 0)?;
         let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("embedding-{stream_id}");
         let session = SessionActor::new(id.clone(), self.pool.clone(), self.info.page_size).start();
@@ -82,11 +68,7 @@ impl Engine {
             embed: Some(req.pooling.unwrap_or(self.info.pooling)),
             events,
         };
-        if let Err(e) = self.scheduler.send(Enqueue(submission)).await? {
-            session.do_send(EndTurn { publish: false });
-            session.do_send(ReleaseAll);
-            return Err(e);
-        }
+        self.enqueue(submission).await?;
         let mut vector = None;
         while let Some(event) = from_scheduler.recv().await {
             match event {

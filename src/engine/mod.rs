@@ -366,6 +366,13 @@ impl Engine {
             ));
         }
         let max_tokens = max_tokens.unwrap_or(window.saturating_sub(prompt_tokens).max(1));
+        self.check_fits(prompt_tokens, max_tokens)?;
+        Ok(max_tokens)
+    }
+
+    /// Refuses `prompt_tokens + max_tokens` beyond the window or the whole KV budget.
+    fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<(), EngineError> {
+        let window = self.info.context_window;
         if prompt_tokens + max_tokens > window {
             return Err(EngineError::ContextLengthExceeded {
                 prompt_tokens,
@@ -381,7 +388,21 @@ impl Engine {
                 budget_tokens,
             });
         }
-        Ok(max_tokens)
+        Ok(())
+    }
+
+    /// Hands an admitted request to the scheduler; on a refusal (a full queue) its session's
+    /// turn ends unpublished, and a throwaway session lets its pages go.
+    async fn enqueue(&self, submission: Submission) -> Result<(), EngineError> {
+        let (session, ephemeral) = (submission.session.clone(), submission.ephemeral);
+        let refused = self.scheduler.send(Enqueue(submission)).await?;
+        if refused.is_err() {
+            session.do_send(EndTurn { publish: false });
+            if ephemeral {
+                session.do_send(ReleaseAll);
+            }
+        }
+        refused
     }
 
     /// Admits a request and returns its event stream, or refuses it before any inference.
@@ -455,13 +476,7 @@ impl Engine {
             embed: None,
             events: seq_tx,
         };
-        if let Err(e) = self.scheduler.send(Enqueue(submission)).await? {
-            session.do_send(EndTurn { publish: false });
-            if ephemeral {
-                session.do_send(ReleaseAll);
-            }
-            return Err(e);
-        }
+        self.enqueue(submission).await?;
         let (client_tx, client_rx) = unbounded_channel();
         let _ = client_tx.send(EngineEvent::Started {
             prompt_tokens,

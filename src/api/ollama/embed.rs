@@ -6,7 +6,7 @@
 use super::{requested_model, Reply};
 use crate::api::auth::Authorized;
 use crate::api::disconnect::Peer;
-use crate::api::embeddings::{embed_inputs, MAX_INPUTS};
+use crate::api::embeddings::{check_dimensions, embed_inputs, MAX_INPUTS};
 use crate::api::errors::{optional_bool, optional_string, read_json_object, ApiError};
 use crate::api::AppState;
 use crate::engine::Prompt;
@@ -56,17 +56,16 @@ fn inputs(body: &Value) -> Result<Vec<String>, ApiError> {
     Ok(texts)
 }
 
-/// `dimensions`, when given, must be the model's own: its embeddings are not trained to be cut.
-fn check_dimensions(body: &Value, size: usize) -> Result<(), ApiError> {
+/// `dimensions`, a whole number when given (checked by [`check_dimensions`]).
+fn dimensions(body: &Value) -> Result<Option<usize>, ApiError> {
     match body.get("dimensions") {
-        None | Some(Value::Null) => Ok(()),
-        Some(d) if d.as_u64() == Some(size as u64) => Ok(()),
-        Some(d) => Err(ApiError::invalid(
-            Some("dimensions"),
-            format!(
-                "this model's embeddings have {size} dimensions and cannot be shortened to {d}"
-            ),
-        )),
+        None | Some(Value::Null) => Ok(None),
+        Some(d) => d.as_u64().map(|d| Some(d as usize)).ok_or_else(|| {
+            ApiError::invalid(
+                Some("dimensions"),
+                format!("`dimensions` must be a whole number, got `{d}`"),
+            )
+        }),
     }
 }
 
@@ -93,11 +92,9 @@ pub async fn embed(
         return Ok(HttpResponse::Ok().json(json!({ "model": model, "embeddings": [] })));
     }
     let engine = state.engine()?;
-    check_dimensions(&body, engine.info().embedding_size)?;
+    check_dimensions(dimensions(&body)?, engine.info().embedding_size)?;
     let prompts = texts.into_iter().map(Prompt::Text).collect();
-    let embedded = embed_inputs(engine, prompts, truncate, Peer::of(&req))
-        .await
-        .map_err(|e| e.with_param_renamed("messages", "input"))?;
+    let embedded = embed_inputs(engine, prompts, truncate, Peer::of(&req)).await?;
     let prompt_tokens: usize = embedded.iter().map(|e| e.prompt_tokens).sum();
     state.metrics.count_usage(prompt_tokens, 0, 0);
     let vectors: Vec<Vec<f32>> = embedded.iter().map(|e| normalized(&e.vector)).collect();
@@ -161,9 +158,11 @@ mod tests {
 
     #[test]
     fn dimensions_must_be_the_models_own() {
-        assert!(check_dimensions(&json!({}), 896).is_ok());
-        assert!(check_dimensions(&json!({"dimensions": 896}), 896).is_ok());
-        let e = check_dimensions(&json!({"dimensions": 256}), 896).unwrap_err();
+        let check = |body| check_dimensions(dimensions(&body)?, 896);
+        assert!(check(json!({})).is_ok());
+        assert!(check(json!({"dimensions": 896})).is_ok());
+        let e = check(json!({"dimensions": 256})).unwrap_err();
         assert!(e.message.contains("896 dimensions"));
+        assert!(check(json!({"dimensions": "x"})).is_err());
     }
 }
