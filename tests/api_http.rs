@@ -126,9 +126,9 @@ async fn health_models_openapi_and_metrics_answer() {
     for (method, path, allow) in [
         ("GET", "/v1/chat/completions", "POST"),
         ("PUT", "/v1/completions", "POST"),
-        ("DELETE", "/v1/models", "GET"),
-        ("POST", "/v1/models/x", "GET"),
-        ("PATCH", "/v1/responses/resp_1", "GET, DELETE"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("POST", "/v1/models/x", "GET, HEAD"),
+        ("PATCH", "/v1/responses/resp_1", "GET, DELETE, HEAD"),
         ("DELETE", "/health", "GET, HEAD"),
     ] {
         let m = awc::http::Method::from_bytes(method.as_bytes()).unwrap();
@@ -145,8 +145,12 @@ async fn health_models_openapi_and_metrics_answer() {
             "{method} {path}"
         );
     }
-    let head = send(client().head(s.at("/health")), None).await;
-    assert_eq!(head.status, 200);
+    // HEAD wherever GET: Ollama's CLI and Go client probe `HEAD /` before every command.
+    for path in ["/health", "/", "/api/tags", "/api/version", "/v1/models"] {
+        let head = send(client().head(s.at(path)), None).await;
+        assert_eq!(head.status, 200, "HEAD {path}");
+        assert_eq!(head.text(), "", "HEAD {path} sends no body");
+    }
     let preflight = send(
         client().request(awc::http::Method::OPTIONS, s.at("/v1/completions")),
         None,

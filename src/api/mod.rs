@@ -206,8 +206,14 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
             .app_data(errors::query_config())
             .service(
                 web::scope("")
-                    .wrap_fn(|req, srv| {
+                    .wrap_fn(|mut req, srv| {
                         use actix_web::dev::Service;
+                        // HEAD is answered wherever GET is (RFC 9110), as clients probe with it:
+                        // Ollama's CLI and Go client send `HEAD /` as their heartbeat. Routed as
+                        // a GET; the HTTP codec, which saw the HEAD, sends no body.
+                        if req.method() == actix_web::http::Method::HEAD {
+                            req.head_mut().method = actix_web::http::Method::GET;
+                        }
                         let state = req.app_data::<web::Data<AppState>>().cloned();
                         let origin = req
                             .headers()
@@ -240,14 +246,7 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         "GET",
                         [web::get().to(playground::style_css)],
                     ))
-                    .service(endpoint(
-                        "/health",
-                        "GET, HEAD",
-                        [
-                            web::get().to(health::health),
-                            web::head().to(health::health),
-                        ],
-                    ))
+                    .service(endpoint("/health", "GET", [web::get().to(health::health)]))
                     .service(endpoint(
                         "/metrics",
                         "GET",
@@ -417,12 +416,18 @@ pub fn http_server(
 
 /// A path and the routes (methods) it answers; another method gets a 405 naming them in
 /// `Allow` (left to itself actix-web would pass it to the scope's 404), and `OPTIONS` (a CORS
-/// preflight, answered by the CORS headers) a 204.
+/// preflight, answered by the CORS headers) a 204. A path that answers GET answers HEAD too
+/// (see `app_routes`), and `Allow` says so.
 fn endpoint<const N: usize>(
     path: &str,
     allow: &'static str,
     routes: [actix_web::Route; N],
 ) -> actix_web::Resource {
+    let allow = if allow.split(", ").any(|m| m == "GET") {
+        format!("{allow}, HEAD")
+    } else {
+        allow.to_string()
+    };
     let mut resource = web::resource(path).app_data(Allow(allow));
     for route in routes {
         resource = resource.route(route);
@@ -431,15 +436,17 @@ fn endpoint<const N: usize>(
 }
 
 /// The methods an [`endpoint`] answers, as its `Allow` header lists them.
-#[derive(Clone, Copy)]
-struct Allow(&'static str);
+#[derive(Clone)]
+struct Allow(String);
 
 async fn method_not_allowed(req: actix_web::HttpRequest) -> HttpResponse {
     use actix_web::ResponseError;
     if req.method() == actix_web::http::Method::OPTIONS {
         return HttpResponse::NoContent().finish();
     }
-    let allow = req.app_data::<Allow>().map_or("GET", |a| a.0);
+    let allow = req
+        .app_data::<Allow>()
+        .map_or("GET, HEAD", |a| a.0.as_str());
     let mut res = ApiError::new(
         actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
