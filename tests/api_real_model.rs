@@ -385,3 +385,134 @@ async fn llama_cpp_completion_and_infill_routes_answer_as_llama_cpp_does() {
     assert_eq!(refused.status, 400, "{}", refused.text());
     assert_eq!(refused.error()["code"], "context_length_exceeded");
 }
+
+/// What the editor plugins (llama.vim, llama.vscode) send, answered as llama.cpp's server
+/// answers it: each expected value below is what llama-server (0c1e570) gave for the same
+/// request on the same file.
+#[actix_rt::test]
+async fn llama_cpp_editor_plugin_requests_answer_as_llama_cpp_does() {
+    let s = server(4096);
+    let (infill, completion) = (s.at("/infill"), s.at("/completion"));
+    // `prompt` (the cursor's line so far) ends the prefix, after the repository header
+    // llama.cpp always writes: the layout spelled out as text gives the same tokens and reply.
+    let body = json!({"input_prefix": "def add(a, b):\n", "prompt": "    return ",
+                      "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 5, "temperature": 0});
+    let middle = post(&infill, &body).await.json();
+    let layout = "<|repo_name|>myproject\n<|file_sep|>filename\n<|fim_prefix|>def add(a, b):\n    \
+                  return <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>";
+    let spelled = post(
+        &completion,
+        &json!({"prompt": layout, "n_predict": 5, "temperature": 0}),
+    )
+    .await
+    .json();
+    assert_eq!(middle["content"], spelled["content"], "{middle}");
+    assert_eq!(middle["tokens_evaluated"], spelled["tokens_evaluated"]);
+    assert!(
+        middle["content"].as_str().unwrap().starts_with("a + b"),
+        "{middle}"
+    );
+    // Code that spells a control token keeps it as text (llama.cpp: 10 and 19 tokens).
+    let count = |prefix: &str| {
+        let body = json!({"input_prefix": prefix, "input_suffix": "", "n_predict": 1});
+        let url = infill.clone();
+        async move { post(&url, &body).await.json()["tokens_evaluated"].clone() }
+    };
+    assert_eq!(count("").await, 10);
+    assert_eq!(count("s = \"<|endoftext|>\"\n").await, 19);
+
+    // `n_predict: 0` warms the cache: no text (`response_fields: [""]` → `{}`, as llama.cpp),
+    // and the next request with the same context reuses the computed prompt.
+    let extra = json!([{"filename": "consts.py", "text": "PI = 3.14159\n".repeat(40)}]);
+    let warm = json!({"input_prefix": "", "input_suffix": "", "input_extra": extra,
+                      "n_predict": 0, "response_fields": [""]});
+    assert_eq!(post(&infill, &warm).await.json(), json!({}));
+    let mut next = warm.clone();
+    next["n_predict"] = json!(1);
+    next["response_fields"] = json!(["tokens_cached", "tokens_evaluated"]);
+    let next = post(&infill, &next).await.json();
+    let (cached, evaluated) = (
+        next["tokens_cached"].as_u64().unwrap(),
+        next["tokens_evaluated"].as_u64().unwrap(),
+    );
+    assert!(cached + 16 >= evaluated && evaluated > 400, "{next}");
+
+    // `n_indent`: the reply ends at a line indented less (llama.cpp: "return a + b\n").
+    let indented = json!({"input_prefix": "def add(a, b):\n", "prompt": "    ",
+                          "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 40,
+                          "temperature": 0, "n_indent": 4});
+    let cut = post(&infill, &indented).await.json();
+    assert_eq!(
+        (cut["content"].as_str(), cut["stop_type"].as_str()),
+        (Some("return a + b\n"), Some("limit")),
+        "{cut}"
+    );
+    // Streamed, nothing the cut removes is sent.
+    let mut streamed = indented.clone();
+    streamed["stream"] = json!(true);
+    let events = post(&infill, &streamed).await.events();
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["content"].as_str())
+        .collect();
+    assert_eq!(text, "return a + b\n");
+
+    // `t_max_predict_ms`: once the time is up, the reply ends at the next newline
+    // (llama.cpp: "\n    if n <= 0:\n"), a prefix of the reply without the limit.
+    let full = json!({"prompt": "def fibonacci(n):", "n_predict": 40, "temperature": 0});
+    let whole = post(&completion, &full).await.json();
+    let mut limited = full.clone();
+    limited["t_max_predict_ms"] = json!(1);
+    let quick = post(&completion, &limited).await.json();
+    let (quick_text, whole_text) = (
+        quick["content"].as_str().unwrap(),
+        whole["content"].as_str().unwrap(),
+    );
+    assert!(
+        quick_text.ends_with('\n') && quick_text.matches('\n').count() == 2,
+        "{quick}"
+    );
+    assert!(whole_text.starts_with(quick_text), "{quick} / {whole}");
+    assert_eq!(quick["stop_type"], "limit");
+
+    // `max_tokens` stands for `n_predict`; an array of prompts answers each as alone.
+    let one = post(
+        &completion,
+        &json!({"prompt": "class Foo:", "max_tokens": 3, "temperature": 0}),
+    )
+    .await
+    .json();
+    assert_eq!(one["tokens_predicted"], 3, "{one}");
+    let both = post(
+        &completion,
+        &json!({"prompt": ["def add(a, b):", "class Foo:"], "n_predict": 3, "temperature": 0}),
+    )
+    .await
+    .json();
+    assert_eq!(both[1]["content"], one["content"], "{both}");
+    assert_eq!(
+        (both[0]["index"].clone(), both[1]["index"].clone()),
+        (json!(0), json!(1))
+    );
+
+    // `logit_bias` by text bans the token; `return_tokens` gives the ids of `content`.
+    let france = json!({"prompt": "The capital of France is", "n_predict": 2, "temperature": 0,
+                        "return_tokens": true});
+    let paris = post(&completion, &france).await.json();
+    assert!(
+        paris["content"].as_str().unwrap().starts_with(" Paris"),
+        "{paris}"
+    );
+    let ids = paris["tokens"].clone();
+    let detok = post(&s.at("/detokenize"), &json!({"tokens": ids}))
+        .await
+        .json();
+    assert_eq!(detok["content"], paris["content"]);
+    let mut banned = france.clone();
+    banned["logit_bias"] = json!([[" Paris", false]]);
+    let other = post(&completion, &banned).await.json();
+    assert!(
+        !other["content"].as_str().unwrap().starts_with(" Paris"),
+        "{other}"
+    );
+}

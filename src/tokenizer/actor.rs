@@ -11,11 +11,14 @@ use super::{ChatTemplate, IncrementalDecoder};
 use crate::error::EngineError;
 use actix::prelude::*;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokenizers::Tokenizer;
 
 pub struct TokenizerActor {
     tokenizer: Arc<Tokenizer>,
+    /// The tokenizer with special-token text left as plain text, for [`EncodeLiteral`]; made
+    /// on first use and shared by the arbiter's threads.
+    literal: Arc<OnceLock<Tokenizer>>,
     template: Option<Arc<ChatTemplate>>,
     streams: HashMap<u64, IncrementalDecoder>,
 }
@@ -40,8 +43,10 @@ impl TokenizerActor {
         tokenizer: Arc<Tokenizer>,
         template: Option<Arc<ChatTemplate>>,
     ) -> Addr<Self> {
+        let literal = Arc::new(OnceLock::new());
         SyncArbiter::start(threads, move || TokenizerActor {
             tokenizer: tokenizer.clone(),
+            literal: literal.clone(),
             template: template.clone(),
             streams: HashMap::new(),
         })
@@ -62,6 +67,28 @@ impl Handler<Encode> for TokenizerActor {
     type Result = Result<Vec<u32>, EngineError>;
     fn handle(&mut self, msg: Encode, _: &mut SyncContext<Self>) -> Self::Result {
         encode(&self.tokenizer, &msg.text)
+    }
+}
+
+/// Encode text whose special-token text (`<|endoftext|>`, `<|fim_middle|>` written in a source
+/// file) stays plain text, as llama.cpp encodes what is not a prompt of its own (its
+/// `parse_special = false`): code sent for completion must not inject control tokens.
+/// User-defined tokens (Qwen's `<tool_call>`) are still matched, as in llama.cpp.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u32>, EngineError>")]
+pub struct EncodeLiteral {
+    pub text: String,
+}
+
+impl Handler<EncodeLiteral> for TokenizerActor {
+    type Result = Result<Vec<u32>, EngineError>;
+    fn handle(&mut self, msg: EncodeLiteral, _: &mut SyncContext<Self>) -> Self::Result {
+        let literal = self.literal.get_or_init(|| {
+            let mut t = (*self.tokenizer).clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        encode(literal, &msg.text)
     }
 }
 
