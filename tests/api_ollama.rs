@@ -190,3 +190,53 @@ async fn errors_are_ollama_shaped() {
     let pull = post(&s.at("/api/pull"), &json!({"model": "llama3"})).await;
     assert_eq!(pull.status, 501);
 }
+
+/// A final assistant message is continued, as Ollama's templates leave it open: the reply is
+/// what follows it, the same as Anthropic's prefill on `/v1/messages` gives. `num_predict` is
+/// a ceiling: beyond the window's room the reply ends when the window is full, not refused.
+#[actix_rt::test]
+async fn a_final_assistant_message_is_continued_and_num_predict_is_a_ceiling() {
+    let s = server();
+    let messages = json!([
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is Lyon, and the capital of Germany is"},
+    ]);
+    let ollama = post(
+        &s.at("/api/chat"),
+        &json!({"messages": messages, "stream": false,
+                "options": {"temperature": 0, "num_predict": 8}}),
+    )
+    .await
+    .json();
+    let model = get(&s.at("/v1/models")).await.json()["data"][0]["id"].clone();
+    let anthropic = post(
+        &s.at("/v1/messages"),
+        &json!({"model": model, "messages": messages, "max_tokens": 8, "temperature": 0}),
+    )
+    .await
+    .json();
+    let continued = ollama["message"]["content"].as_str().unwrap();
+    assert_eq!(continued, anthropic["content"][0]["text"], "{ollama}");
+    assert!(continued.contains("Berlin"), "{ollama}");
+    assert!(
+        !continued.contains("capital of Germany"),
+        "a new turn: {ollama}"
+    );
+    let u = &anthropic["usage"];
+    let anthropic_prompt =
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!(ollama["prompt_eval_count"], anthropic_prompt, "{ollama}");
+
+    // The window is 2,048 tokens: a `num_predict` past it runs until the window is full.
+    let body = json!({"prompt": "Count from 1 to 10000, one number a line.", "stream": false,
+                      "options": {"temperature": 0, "num_predict": 1_000_000}});
+    let long = post(&s.at("/api/generate"), &body).await;
+    assert_eq!(long.status, 200, "{}", long.text());
+    let long = long.json();
+    let used = long["prompt_eval_count"].as_u64().unwrap() + long["eval_count"].as_u64().unwrap();
+    assert!(used <= 2048, "{used} tokens in a 2,048-token window");
+    assert!(
+        long["done_reason"] == "length" || long["done_reason"] == "stop",
+        "{long}"
+    );
+}

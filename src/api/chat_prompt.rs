@@ -37,6 +37,45 @@ pub struct ChatPrompt {
     pub forced_grammar: Option<String>,
 }
 
+impl ChatPrompt {
+    /// Makes the reply continue `prefill`, the text of a final assistant message (Anthropic's
+    /// prefill; Ollama's templates leave that message open the same way): the model goes on
+    /// from it, and the reply is what follows. `format_param`: the request's output format
+    /// field, when it has one (refused: the format applies to a whole reply).
+    pub fn continue_prefill(
+        &mut self,
+        prefill: String,
+        format_param: Option<&str>,
+    ) -> Result<(), ApiError> {
+        if let Some(field) = format_param {
+            return Err(ApiError::invalid(
+                Some(field),
+                format!(
+                    "a final assistant message (a prefill) cannot be combined with `{field}`: \
+                     the format applies to the whole reply"
+                ),
+            ));
+        }
+        if !self.forced_prefix.is_empty() {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                "a final assistant message (a prefill) cannot be combined with a `tool_choice` \
+                 that forces a tool call",
+            ));
+        }
+        if let Prompt::Chat { messages, tools } =
+            std::mem::replace(&mut self.prompt, Prompt::Tokens(Vec::new()))
+        {
+            self.prompt = Prompt::ChatContinued {
+                messages,
+                tools,
+                assistant_prefix: prefill,
+            };
+        }
+        Ok(())
+    }
+}
+
 /// Builds the prompt from the raw request object and its typed view.
 pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, ApiError> {
     if req.messages.is_empty() {

@@ -46,6 +46,8 @@ pub struct Plan {
     pub prompt_logprobs: Option<usize>,
     /// Banned end tokens (`ignore_eos`).
     pub ignore_eos: bool,
+    /// `max_tokens` is a ceiling (see [`GenerateRequest::max_tokens_ceiling`]).
+    pub max_tokens_ceiling: bool,
 }
 
 impl Plan {
@@ -227,6 +229,7 @@ pub fn plan(
         format_param,
         prompt_logprobs: None,
         ignore_eos: p.ignore_eos.unwrap_or(false),
+        max_tokens_ceiling: false,
     })
 }
 
@@ -363,6 +366,7 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.format = plan.format.clone();
         req.prompt_logprobs = plan.prompt_logprobs;
         req.ignore_eos = plan.ignore_eos;
+        req.max_tokens_ceiling = plan.max_tokens_ceiling;
         let refused =
             |e| ApiError::from(e).with_param_renamed("response_format", plan.format_param);
         streams.push(engine.submit(req).await.map_err(refused)?);

@@ -33,7 +33,7 @@ use crate::spec::{
     DraftSource::{DraftModel, Mtp},
     SeqSpec, SpecConfig, Verification,
 };
-use crate::tokenizer::actor::{Encode, EncodeChat, TokenizerActor};
+use crate::tokenizer::actor::{Encode, EncodeChat, EncodeLiteral, TokenizerActor};
 use actix::prelude::*;
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,6 +95,9 @@ pub struct EngineInfo {
     /// K/V bytes the budget holds: the model's pages and its drafters' (draft model, MTP heads).
     pub kv_budget_bytes: u64,
     pub vocab_size: usize,
+    /// Most tokens computed in one step (`--max-batch-tokens`): llama.cpp's `n_batch`, which
+    /// `/infill` sizes its context by.
+    pub max_batch_tokens: usize,
     /// Length of an embedding: the model's hidden size.
     pub embedding_size: usize,
     /// How embeddings pool a text's hidden states (`--pooling`).
@@ -244,6 +247,7 @@ impl Engine {
             kv_dtype: cfg.kv_dtype,
             kv_budget_bytes: num_pages as u64 * page_bytes,
             vocab_size: bundle.transformer.config.vocab_size,
+            max_batch_tokens: cfg.max_batch_tokens,
             embedding_size: bundle.transformer.config.hidden_size,
             pooling: cfg.pooling,
             spec_row_cost: speculative.is_on().then_some(speculative.row_cost),
@@ -322,6 +326,19 @@ impl Engine {
         &self.info
     }
 
+    /// Tokenizes text with its special-token text left as text (see [`EncodeLiteral`]): for
+    /// user code placed between the special tokens of a prompt built token by token.
+    pub async fn tokenize_literal(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        if text.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.encoders
+            .send(EncodeLiteral {
+                text: text.to_string(),
+            })
+            .await?
+    }
+
     /// Tokenizes a prompt the way `submit` would (for counting and budget checks).
     pub async fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
@@ -354,8 +371,14 @@ impl Engine {
         }
     }
 
-    /// Checks the request against the window and the KV budget; returns `max_tokens`.
-    fn admit(&self, prompt_tokens: usize, max_tokens: Option<usize>) -> Result<usize, EngineError> {
+    /// Checks the request against the window and the KV budget; returns `max_tokens`
+    /// (`ceiling`: see [`GenerateRequest::max_tokens_ceiling`]).
+    fn admit(
+        &self,
+        prompt_tokens: usize,
+        max_tokens: Option<usize>,
+        ceiling: bool,
+    ) -> Result<usize, EngineError> {
         let window = self.info.context_window;
         if prompt_tokens == 0 {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
@@ -365,7 +388,12 @@ impl Engine {
                 "max_tokens must be at least 1".into(),
             ));
         }
-        let max_tokens = max_tokens.unwrap_or(window.saturating_sub(prompt_tokens).max(1));
+        let room = window.saturating_sub(prompt_tokens).max(1);
+        let max_tokens = match max_tokens {
+            Some(n) if ceiling => n.min(room),
+            Some(n) => n,
+            None => room,
+        };
         self.check_fits(prompt_tokens, max_tokens)?;
         Ok(max_tokens)
     }
@@ -413,7 +441,7 @@ impl Engine {
             .drafters_for(req.speculative.unwrap_or_default())
             .map_err(EngineError::InvalidRequest)?;
         let tokens = self.tokenize(&req.prompt).await?;
-        let max_tokens = self.admit(tokens.len(), req.max_tokens)?;
+        let max_tokens = self.admit(tokens.len(), req.max_tokens, req.max_tokens_ceiling)?;
         if req.ignore_eos {
             // llama.cpp's and vLLM's `ignore_eos`: the reply runs to `max_tokens` (or a stop
             // string, or the end of an output grammar, which still ends it).

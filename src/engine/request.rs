@@ -57,6 +57,10 @@ pub struct GenerateRequest {
     /// Never end on a stop token (they are banned): only `max_tokens`, a stop string or a
     /// complete output grammar end the reply. For benchmarks and fixed-length generation.
     pub ignore_eos: bool,
+    /// `max_tokens` is a ceiling, cut to the room the window leaves after the prompt instead of
+    /// refused when the two do not fit (Ollama's `num_predict`). A prompt that fills the
+    /// window is still refused.
+    pub max_tokens_ceiling: bool,
 }
 
 impl GenerateRequest {
@@ -74,6 +78,7 @@ impl GenerateRequest {
             format: None,
             prompt_logprobs: None,
             ignore_eos: false,
+            max_tokens_ceiling: false,
         }
     }
 }

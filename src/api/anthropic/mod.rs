@@ -27,7 +27,6 @@ use super::sse;
 use super::tool_calls::ToolCallParser;
 use super::types::{ChatCompletionRequest, GenerationParams};
 use super::AppState;
-use crate::engine::Prompt;
 use actix_web::{web, HttpRequest, HttpResponse};
 use reply::ReplyContext;
 use serde_json::{json, Value};
@@ -103,27 +102,8 @@ fn prompt_of(body: &Value, count_only: bool) -> Result<(chat_prompt::ChatPrompt,
     let mut prompt = chat_prompt::build(&translated.chat, &chat)
         .map_err(|e| e.with_param_renamed("tool_choice.function.name", "tool_choice.name"))?;
     if let Some(prefill) = translated.prefill {
-        if translated.chat.get("response_format").is_some() {
-            return Err(ApiError::invalid(
-                Some("output_config.format"),
-                "a final assistant message (a prefill) cannot be combined with \
-                 `output_config.format`: the format applies to the whole reply",
-            ));
-        }
-        if !prompt.forced_prefix.is_empty() {
-            return Err(ApiError::invalid(
-                Some("messages"),
-                "a final assistant message (a prefill) cannot be combined with a `tool_choice` \
-                 that forces a tool call",
-            ));
-        }
-        if let Prompt::Chat { messages, tools } = prompt.prompt {
-            prompt.prompt = Prompt::ChatContinued {
-                messages,
-                tools,
-                assistant_prefix: prefill,
-            };
-        }
+        let format = translated.chat.get("response_format").is_some();
+        prompt.continue_prefill(prefill, format.then_some("output_config.format"))?;
     }
     Ok((prompt, translated.chat))
 }

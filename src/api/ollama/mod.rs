@@ -131,6 +131,21 @@ fn load_reply(body: &Value, model: String, endpoint: Endpoint) -> HttpResponse {
     HttpResponse::Ok().json(line)
 }
 
+/// A final assistant message with text (and no tool calls), taken out of the messages: the
+/// reply continues it, as Ollama's templates leave the last assistant message open.
+fn take_prefill(value: &mut Value) -> Option<String> {
+    let messages = value.get_mut("messages")?.as_array_mut()?;
+    let last = messages.last()?;
+    let text = last["content"].as_str().filter(|t| !t.is_empty())?;
+    let calls = last.get("tool_calls").and_then(Value::as_array);
+    if last["role"] != "assistant" || calls.is_some_and(|c| !c.is_empty()) || messages.len() < 2 {
+        return None;
+    }
+    let text = text.to_string();
+    messages.pop();
+    Some(text)
+}
+
 /// Ollama's chat: NDJSON lines (`stream`, default true) or one object.
 #[utoipa::path(post, path = "/api/chat", request_body(content = Object, description = "Ollama's chat request: `model`, `messages`, `tools`, `format`, `options`, `stream`"),
     params(("X-Session-Id" = Option<String>, Header, description = "Continue a persistent session (its KV is reused)")),
@@ -156,9 +171,15 @@ pub async fn chat(
     if value["messages"].as_array().is_some_and(Vec::is_empty) {
         return Ok(load_reply(&body, model, Endpoint::Chat));
     }
+    let mut value = value;
+    let prefill = take_prefill(&mut value);
     let params: GenerationParams = from_value(&value).map_err(ollama_param)?;
     let chat_request: ChatCompletionRequest = from_value(&value)?;
-    let prompt = chat_prompt::build(&value, &chat_request)?;
+    let mut prompt = chat_prompt::build(&value, &chat_request)?;
+    if let Some(prefill) = prefill {
+        let format = value.get("response_format").is_some();
+        prompt.continue_prefill(prefill, format.then_some("format"))?;
+    }
     let ctx = ReplyContext {
         endpoint: Endpoint::Chat,
         model,
@@ -276,7 +297,9 @@ async fn submit(
     prompt: Prompt,
 ) -> Result<EventStream, ApiError> {
     let session = generate::session_key(req, &auth.scope)?;
-    let plan = generate::plan(params, prompt, false, 0, session).map_err(ollama_param)?;
+    let mut plan = generate::plan(params, prompt, false, 0, session).map_err(ollama_param)?;
+    // `num_predict` is a ceiling in Ollama: generation also ends when the window is full.
+    plan.max_tokens_ceiling = true;
     let mut streams = submit_all(engine, &plan).await.map_err(ollama_param)?;
     Ok(streams.remove(0))
 }
