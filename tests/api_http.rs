@@ -453,6 +453,64 @@ async fn logprobs_and_chat_logit_bias_reach_the_sampler() {
     assert_eq!(content.len(), 4);
     assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
     assert!(content[0]["logprob"].as_f64().unwrap() <= 0.0);
+    // `bytes` are each token's raw bytes (this model's tokens split characters): together they
+    // spell the reply, where each token's text alone may be U+FFFD.
+    let r = post(
+        &s.at("/v1/chat/completions"),
+        &chat(json!({"logprobs": true, "max_tokens": 12, "logit_bias": ban_specials()})),
+    )
+    .await
+    .json();
+    let bytes: Vec<u8> = r["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| {
+            t["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8)
+        })
+        .collect();
+    let reply = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        String::from_utf8_lossy(&bytes).starts_with(reply.trim_end_matches('\u{FFFD}')),
+        "{bytes:?} vs {reply:?}"
+    );
+    // Legacy logprobs: `text_offset` in characters, never decreasing, each token's text found
+    // at its offset; alternatives most likely first; the first prompt token has none (null).
+    let text = "café 🦀 naïve";
+    let r = post(
+        &s.at("/v1/completions"),
+        &json!({"prompt": text, "echo": true, "logprobs": 3, "max_tokens": 1}),
+    )
+    .await
+    .json();
+    let lp = &r["choices"][0]["logprobs"];
+    let offsets: Vec<usize> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap() as usize)
+        .collect();
+    let chars: Vec<char> = r["choices"][0]["text"].as_str().unwrap().chars().collect();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    for (token, &at) in lp["tokens"].as_array().unwrap().iter().zip(&offsets) {
+        let token = token.as_str().unwrap();
+        if !token.contains('\u{FFFD}') {
+            let here: String = chars[at..].iter().collect();
+            assert!(here.starts_with(token), "{token:?} at {at}: {here:?}");
+        }
+    }
+    assert!(lp["top_logprobs"][0].is_null(), "{lp}");
+    let scores: Vec<f64> = lp["top_logprobs"][1]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
     // A strong bias forces a token: every generated token is it.
     let id = post(&s.at("/tokenize"), &json!({"prompt": "map"}))
         .await

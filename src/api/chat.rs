@@ -186,7 +186,7 @@ fn chat_logprobs(
         .map(|(i, &id)| {
             let token = text(id);
             TokenLogprob {
-                bytes: token.as_bytes().to_vec(),
+                bytes: state.token_bytes(id),
                 token,
                 logprob: logprobs
                     .get(i)
@@ -200,7 +200,7 @@ fn chat_logprobs(
                     .map(|&(alt, lp)| {
                         let token = text(alt);
                         TopLogprob {
-                            bytes: token.as_bytes().to_vec(),
+                            bytes: state.token_bytes(alt),
                             token,
                             logprob: lp,
                         }

@@ -20,7 +20,7 @@ use crate::scheduler::{FinishReason, Usage as EngineUsage};
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures::StreamExt;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Create a text completion.
 #[utoipa::path(
@@ -71,9 +71,12 @@ pub async fn completions(
     let echo_text = match (&prompt, echo) {
         (_, false) => None,
         (Prompt::Text(text), true) => Some(text.clone()),
-        (Prompt::Tokens(ids), true) => {
-            Some((state.detokenizer()?)(ids).map_err(ApiError::internal)?)
-        }
+        (Prompt::Tokens(ids), true) => Some(
+            state
+                .detokenizer()?
+                .decode(ids)
+                .map_err(ApiError::internal)?,
+        ),
         (_, true) => None,
     };
     if let Some(suffix) = suffix {
@@ -211,11 +214,11 @@ fn response(
             index,
             logprobs: logprobs.then(|| {
                 let mut lp = match &c.prompt {
-                    Some(p) => text_logprobs(state, p.run(), 0).0,
+                    Some(p) => text_logprobs(state, p.run(), TextOffset::default()).0,
                     None => CompletionLogprobs::default(),
                 };
                 let run = (&c.token_ids[..], &c.logprobs[..], &c.top_logprobs[..]);
-                lp.append(text_logprobs(state, run, echoed.len()).0);
+                lp.append(text_logprobs(state, run, TextOffset::after(echoed)).0);
                 lp
             }),
             finish_reason: c.finish.map(|r| finish_reason(r, false)),
@@ -250,28 +253,70 @@ struct TextShape {
     echo: Option<String>,
 }
 
+/// Where the next token's text starts in a text completion, in characters (the logprobs'
+/// `text_offset`, which clients slice the text with), counted over the tokens' raw bytes: a
+/// token that starts inside a character (half an emoji) starts at that character.
+#[derive(Debug, Clone, Copy, Default)]
+struct TextOffset {
+    /// Characters begun so far.
+    chars: usize,
+    /// Bytes the last character begun still lacks.
+    missing: u8,
+}
+
+impl TextOffset {
+    fn after(text: &str) -> Self {
+        Self {
+            chars: text.chars().count(),
+            missing: 0,
+        }
+    }
+
+    fn at(self) -> usize {
+        self.chars - usize::from(self.missing > 0)
+    }
+
+    fn advance(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b & 0xC0 == 0x80 {
+                self.missing = self.missing.saturating_sub(1);
+            } else {
+                self.chars += 1;
+                self.missing = match b {
+                    0xF0.. => 3,
+                    0xE0.. => 2,
+                    0xC0.. => 1,
+                    _ => 0,
+                };
+            }
+        }
+    }
+}
+
 /// The legacy logprobs shape of `tokens`, whose text starts at `offset` in the output; also
 /// where the next token's text starts.
 fn text_logprobs(
     state: &AppState,
     (token_ids, logprobs, top_logprobs): TokenRun,
-    offset: usize,
-) -> (CompletionLogprobs, usize) {
-    let text = |id: u32| state.token_text(id);
+    offset: TextOffset,
+) -> (CompletionLogprobs, TextOffset) {
     let mut out = CompletionLogprobs::default();
     let mut at = offset;
     for (i, &id) in token_ids.iter().enumerate() {
-        let token = text(id);
-        out.text_offset.push(at);
-        at += token.len();
-        out.tokens.push(token);
-        out.token_logprobs.push(logprobs.get(i).copied().flatten());
-        let top: BTreeMap<String, f32> = top_logprobs
-            .get(i)
-            .into_iter()
-            .flatten()
-            .map(|&(alt, lp)| (text(alt), lp))
-            .collect();
+        out.text_offset.push(at.at());
+        at.advance(&state.token_bytes(id));
+        out.tokens.push(state.token_text(id));
+        let logprob = logprobs.get(i).copied().flatten();
+        out.token_logprobs.push(logprob);
+        // Most likely first; alternatives that read the same keep the likelier score.
+        let top = logprob.map(|_| {
+            let mut top = serde_json::Map::new();
+            for &(alt, lp) in top_logprobs.get(i).into_iter().flatten() {
+                top.entry(state.token_text(alt))
+                    .or_insert(serde_json::json!(lp));
+            }
+            top
+        });
         out.top_logprobs.push(top);
     }
     (out, at)
@@ -307,7 +352,7 @@ fn text_frames(
     let clocks: Vec<TokenClock> = (0..num_choices).map(|_| TokenClock::start()).collect();
     let usages: Vec<Option<EngineUsage>> = vec![None; num_choices];
     // Where each choice's next token text starts (the logprobs' `text_offset`).
-    let offsets = vec![0usize; num_choices];
+    let offsets = vec![TextOffset::default(); num_choices];
     let events = generate::merge(streams);
     let init = (events, VecDeque::new(), clocks, usages, offsets, false);
     futures::stream::unfold(
@@ -356,7 +401,7 @@ fn text_frames(
                         // scores once the prompt is computed with them.
                         EngineEvent::Started { .. } => {
                             if let Some(text) = echo.as_ref().filter(|_| !logprobs) {
-                                offsets[index] = text.len();
+                                offsets[index] = TextOffset::after(text);
                                 queue.push_back(frame(
                                     vec![choice(text.clone(), None)],
                                     None,
@@ -372,8 +417,9 @@ fn text_frames(
                             if let Some(text) = &echo {
                                 let run = (&token_ids[..], &token_logprobs[..], &top_logprobs[..]);
                                 let mut c = choice(text.clone(), None);
-                                c.logprobs = Some(text_logprobs(&state, run, 0).0);
-                                offsets[index] = c.text.len();
+                                c.logprobs =
+                                    Some(text_logprobs(&state, run, TextOffset::default()).0);
+                                offsets[index] = TextOffset::after(&c.text);
                                 queue.push_back(frame(vec![c], None, None));
                             }
                         }

@@ -69,12 +69,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Token ids to text, for `/detokenize` and logprob token strings. The engine has no public
 /// detokenize call for arbitrary ids yet, so `serve` builds one from the model's tokenizer.
-pub type Detokenizer = Arc<dyn Fn(&[u32]) -> Result<String, String> + Send + Sync>;
+#[derive(Clone)]
+pub struct Detokenizer(Arc<tokenizers::Tokenizer>);
+
+impl Detokenizer {
+    /// The text of `ids` (special tokens included).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.0.decode(ids, false).map_err(|e| e.to_string())
+    }
+
+    /// One token's raw bytes (see [`crate::tokenizer::token_bytes`]).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        crate::tokenizer::token_bytes(&self.0, id)
+    }
+}
 
 /// Builds a [`Detokenizer`] from a loaded model (before the bundle is given to the engine).
 pub fn detokenizer_of(bundle: &crate::model::ModelBundle) -> Detokenizer {
-    let tokenizer = bundle.tokenizer.clone();
-    Arc::new(move |ids: &[u32]| tokenizer.decode(ids, false).map_err(|e| e.to_string()))
+    Detokenizer(Arc::new(bundle.tokenizer.clone()))
 }
 
 /// Settings of the HTTP layer (not of the engine).
@@ -174,7 +186,14 @@ impl AppState {
     pub fn token_text(&self, id: u32) -> String {
         self.detokenizer()
             .ok()
-            .and_then(|d| d(&[id]).ok())
+            .and_then(|d| d.decode(&[id]).ok())
+            .unwrap_or_default()
+    }
+
+    /// One token's raw bytes, as logprobs' `bytes` give them (empty while loading).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.detokenizer()
+            .map(|d| d.token_bytes(id))
             .unwrap_or_default()
     }
 

@@ -68,7 +68,10 @@ pub async fn detokenize(
             format!("token id {id} is outside the vocabulary of {vocab_size} tokens"),
         ));
     }
-    let text = (state.detokenizer()?)(&request.tokens).map_err(ApiError::internal)?;
+    let text = state
+        .detokenizer()?
+        .decode(&request.tokens)
+        .map_err(ApiError::internal)?;
     Ok(HttpResponse::Ok().json(DetokenizeResponse {
         prompt: text.clone(),
         content: text,

@@ -432,7 +432,11 @@ pub struct CompletionChoice {
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<Option<f32>>,
-    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Per token, its most likely alternatives, most likely first (`null` for the prompt's
+    /// first token, which has no score).
+    #[schema(value_type = Vec<Option<Object>>)]
+    pub top_logprobs: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
+    /// Where each token's text starts in the reply's text, in characters.
     pub text_offset: Vec<usize>,
 }
 

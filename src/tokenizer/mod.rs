@@ -23,3 +23,61 @@ pub(crate) mod template;
 pub use gguf::{load_tokenizer, tokenizer_from_gguf};
 pub use incremental::IncrementalDecoder;
 pub use template::ChatTemplate;
+
+/// One token's raw bytes. A token may hold part of a UTF-8 character (an emoji's joiner split in
+/// two), so its decoded text alone ("\u{FFFD}") cannot say them, and OpenAI's logprobs `bytes`
+/// exist to put such tokens back together. Byte-level BPE vocabulary entries map back through
+/// GPT-2's byte alphabet; added tokens (`<|im_end|>`) are their text.
+pub fn token_bytes(tokenizer: &tokenizers::Tokenizer, id: u32) -> Vec<u8> {
+    let Some(piece) = tokenizer.id_to_token(id) else {
+        return Vec::new();
+    };
+    if tokenizer
+        .get_added_vocabulary()
+        .simple_id_to_token(id)
+        .is_some()
+    {
+        return piece.into_bytes();
+    }
+    let mut out = Vec::with_capacity(piece.len());
+    for c in piece.chars() {
+        match byte_of(c) {
+            Some(b) => out.push(b),
+            None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
+    out
+}
+
+/// The byte GPT-2's byte-level alphabet writes as `c`: printable Latin-1 bytes stand for
+/// themselves, the other 68 bytes, in order, for U+0100 onwards.
+fn byte_of(c: char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    let code = c as u32;
+    if code < 0x100 {
+        return printable(code).then_some(code as u8);
+    }
+    (0u32..=0xFF)
+        .filter(|&b| !printable(b))
+        .nth((code - 0x100) as usize)
+        .map(|b| b as u8)
+}
+
+#[cfg(test)]
+mod byte_tests {
+    use super::*;
+
+    #[test]
+    fn the_byte_alphabet_maps_back_to_every_byte() {
+        // Space is U+0120 ('Ġ'), newline U+010A ('Ċ'), as in every GPT-2-style vocabulary.
+        assert_eq!(byte_of('Ġ'), Some(b' '));
+        assert_eq!(byte_of('Ċ'), Some(b'\n'));
+        assert_eq!(byte_of('a'), Some(b'a'));
+        assert_eq!(byte_of('\u{80}'), None);
+        let all: std::collections::BTreeSet<u8> =
+            ('\u{21}'..='\u{143}').filter_map(byte_of).collect();
+        assert_eq!(all.len(), 256);
+    }
+}

@@ -559,7 +559,7 @@ fn token_probabilities(
 ) -> Value {
     let entry = |id: u32, logprob: f32| {
         let token = state.token_text(id);
-        json!({"id": id, "token": token, "bytes": token.as_bytes(), "logprob": logprob})
+        json!({"id": id, "token": token, "bytes": state.token_bytes(id), "logprob": logprob})
     };
     ids.iter()
         .enumerate()
