@@ -228,6 +228,11 @@ async fn seeds_reproduce_and_n_gives_several_choices() {
         "usage sums the choices"
     );
     assert_eq!(a["choices"][1]["index"], 1);
+    // `top_k: -1` is vLLM's "off", the same as 0 (and the default).
+    let mut off = req.clone();
+    off["top_k"] = json!(-1);
+    let off = post(&s.at("/v1/chat/completions"), &off).await.json();
+    assert_eq!(texts(&off), texts(&a), "{off}");
     // Streamed with the same seed: the same texts, per choice index.
     let mut streamed_req = req.clone();
     streamed_req["stream"] = json!(true);
@@ -434,6 +439,20 @@ async fn tokenize_detokenize_and_count_agree_with_completions() {
         .await
         .json();
     assert_eq!(by_messages["count"], count["prompt_tokens"]);
+    // A tool call whose arguments are JSON text counts as a completion renders it (parsed), not
+    // as a quoted string.
+    let tools = json!([{"type": "function", "function": {"name": "read",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);
+    let messages = json!([{"role": "user", "content": "Read a.txt"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "read", "arguments": "{\"path\": \"a.txt\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "hello"}]);
+    let body = json!({"messages": messages, "tools": tools});
+    let counted = post(&s.at("/v1/chat/completions/count"), &body)
+        .await
+        .json();
+    let tokenized = post(&s.at("/tokenize"), &body).await.json();
+    assert_eq!(tokenized["count"], counted["prompt_tokens"], "{tokenized}");
     s.stop().await;
 }
 

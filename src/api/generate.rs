@@ -296,7 +296,11 @@ pub fn sampling_params(
     }
     let params = SamplingParams {
         temperature: p.temperature.unwrap_or(d.temperature),
-        top_k: p.top_k.unwrap_or(d.top_k),
+        // -1 is vLLM's (and llama.cpp's) "off", as 0 is here.
+        top_k: match p.top_k {
+            Some(-1) => 0,
+            k => k.unwrap_or(d.top_k),
+        },
         top_p: p.top_p.unwrap_or(d.top_p),
         min_p: p.min_p.unwrap_or(d.min_p),
         repetition_penalty: p.repetition_penalty.unwrap_or(d.repetition_penalty),

@@ -9,7 +9,6 @@ use super::types::*;
 use super::AppState;
 use crate::engine::Prompt;
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::Value;
 
 /// Tokenize text (`prompt` or `content`) or a chat (`messages`, optional `tools`).
 #[utoipa::path(post, path = "/tokenize", request_body = TokenizeRequest, responses(
@@ -28,10 +27,12 @@ pub async fn tokenize(
     let engine = state.engine()?;
     let prompt = match (request.prompt.or(request.content), request.messages) {
         (Some(text), None) => Prompt::Text(text),
-        (None, Some(messages)) => Prompt::Chat {
-            messages: Value::Array(messages),
-            tools: request.tools.map(Value::Array),
-        },
+        // Rendered as a completion renders it (tool-call arguments given as JSON text parsed,
+        // content parts joined), so the count is the one generation would use.
+        (None, Some(_)) => {
+            let chat: ChatCompletionRequest = from_value(&value)?;
+            chat_prompt::build(&value, &chat)?.prompt
+        }
         _ => {
             return Err(ApiError::invalid(
                 Some("prompt"),

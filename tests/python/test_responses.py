@@ -37,6 +37,7 @@ def test_plain_response(client):
     assert r.incomplete_details.reason == "max_output_tokens"
     assert r.output[0].type == "message"
     assert r.output[0].role == "assistant"
+    assert r.output[0].status == "incomplete", "the item was cut as the response was"
     assert isinstance(r.output_text, str) and r.output_text
     assert r.usage.output_tokens == 10
     assert r.usage.total_tokens == r.usage.input_tokens + 10
@@ -55,6 +56,15 @@ def test_streaming_equals_non_streaming(client):
     assert text == plain.output_text
     assert events[-1].response.output_text == plain.output_text
     assert events[-1].response.usage.output_tokens == 10
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert [e.item.status for e in done] == ["incomplete"]
+
+
+def test_the_conversations_api_is_refused_not_ignored(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        create(client, conversation="conv_123")
+    assert e.value.body["param"] == "conversation"
+    assert "previous_response_id" in e.value.body["message"]
 
 
 def test_previous_response_id_continues_with_tool_rounds(client):

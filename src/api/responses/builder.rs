@@ -111,7 +111,11 @@ impl Builder {
         for piece in self.parser.finish() {
             self.on_piece(piece);
         }
-        self.close();
+        // The item the reply was cut in (or stopped in) is as unfinished as the response.
+        self.close(match ending {
+            Ending::Completed => "completed",
+            _ => "incomplete",
+        });
         if let Some(u) = usage {
             self.response.usage = Some(ResponseUsage {
                 input_tokens: u.prompt_tokens,
@@ -167,20 +171,20 @@ impl Builder {
         match piece {
             Piece::Content(text) => {
                 if !matches!(self.open, Some(Open::Message)) {
-                    self.close();
+                    self.close("completed");
                     self.open_message();
                 }
                 self.append_text(text);
             }
             Piece::Reasoning(text) => {
                 if !matches!(self.open, Some(Open::Reasoning)) {
-                    self.close();
+                    self.close("completed");
                     self.open_reasoning();
                 }
                 self.append_text(text);
             }
             Piece::ToolCallStart { index, id, name } => {
-                self.close();
+                self.close("completed");
                 let item = OutputItem::FunctionCall {
                     id: new_item_id("fc"),
                     call_id: id,
@@ -316,8 +320,8 @@ impl Builder {
         });
     }
 
-    /// Closes the open item: its `.done` events and `output_item.done`.
-    fn close(&mut self) {
+    /// Closes the open item with `status`: its `.done` events and `output_item.done`.
+    fn close(&mut self, status: &str) {
         let Some(open) = self.open.take() else {
             return;
         };
@@ -326,9 +330,9 @@ impl Builder {
             return;
         };
         match item {
-            OutputItem::Message { status, .. }
-            | OutputItem::FunctionCall { status, .. }
-            | OutputItem::Reasoning { status, .. } => *status = "completed".into(),
+            OutputItem::Message { status: s, .. }
+            | OutputItem::FunctionCall { status: s, .. }
+            | OutputItem::Reasoning { status: s, .. } => *s = status.into(),
         }
         let item = item.clone();
         match (open, &item) {

@@ -118,6 +118,13 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     params.n = None;
     params.max_tokens = None;
     params.max_completion_tokens = req.max_output_tokens;
+    if value.get("conversation").is_some_and(|c| !c.is_null()) {
+        return Err(ApiError::invalid(
+            Some("conversation"),
+            "the Conversations API is not served: continue a conversation with \
+             `previous_response_id` (every stored response can be continued)",
+        ));
+    }
     if req.max_output_tokens == Some(0) {
         return Err(ApiError::invalid(
             Some("max_output_tokens"),
