@@ -287,6 +287,69 @@ async fn stop_sequences_cut_the_reply() {
     s.stop().await;
 }
 
+/// A batch of prompts (vLLM and OpenAI take them; lm-eval sends them): choice `i·n + j` is the
+/// `j`-th choice of prompt `i` as that prompt alone gives it, echoed with its own prompt;
+/// usage counts each prompt once.
+#[actix_rt::test]
+async fn a_batch_of_prompts_answers_each_as_alone() {
+    let s = server();
+    let url = s.at("/v1/completions");
+    let prompts = ["function update(v) {", "let total = "];
+    let base = json!({"max_tokens": 6, "temperature": 1.0, "seed": 3, "n": 2, "echo": true,
+                      "logit_bias": ban_specials()});
+    let texts = |r: &Value| -> Vec<String> {
+        r["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (mut alone, mut prompt_tokens) = (Vec::new(), 0);
+    for p in prompts {
+        let mut body = base.clone();
+        body["prompt"] = json!(p);
+        let r = post(&url, &body).await.json();
+        prompt_tokens += r["usage"]["prompt_tokens"].as_u64().unwrap();
+        alone.extend(texts(&r));
+    }
+    assert!(alone[0].starts_with(prompts[0]) && alone[2].starts_with(prompts[1]));
+    let mut batch = base.clone();
+    batch["prompt"] = json!(prompts);
+    let r = post(&url, &batch).await.json();
+    assert_eq!(texts(&r), alone, "{r}");
+    assert_eq!(r["choices"][3]["index"], 3);
+    assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(r["usage"]["completion_tokens"], 4 * 6);
+    // Streamed: the same texts, per choice index.
+    batch["stream"] = json!(true);
+    let mut streamed = vec![String::new(); 4];
+    for e in post(&url, &batch).await.events() {
+        for c in e["choices"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(c["text"].as_str().unwrap_or_default());
+        }
+    }
+    assert_eq!(streamed, alone);
+    // Lists of token ids: the same replies.
+    let mut ids = Vec::new();
+    for p in prompts {
+        let t = post(&s.at("/tokenize"), &json!({"prompt": p})).await.json();
+        ids.push(t["tokens"].clone());
+    }
+    let mut by_ids = base.clone();
+    by_ids["prompt"] = json!(ids);
+    assert_eq!(texts(&post(&url, &by_ids).await.json()), alone);
+    let mut empty = base.clone();
+    empty["prompt"] = json!([]);
+    let reply = post(&url, &empty).await;
+    assert_eq!(
+        (reply.status, reply.error()["param"].clone()),
+        (400, json!("prompt"))
+    );
+    s.stop().await;
+}
+
 #[actix_rt::test]
 async fn text_completions_take_strings_and_token_ids() {
     let s = server();

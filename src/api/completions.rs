@@ -67,42 +67,61 @@ pub async fn completions(
             "`echo` cannot be combined with `suffix` (fill-in-the-middle)",
         ));
     }
-    let mut prompt = prompt_of(request.prompt, engine.info().vocab_size)?;
-    let echo_text = match (&prompt, echo) {
-        (_, false) => None,
-        (Prompt::Text(text), true) => Some(text.clone()),
-        (Prompt::Tokens(ids), true) => Some(
-            state
-                .detokenizer()?
-                .decode(ids)
-                .map_err(ApiError::internal)?,
-        ),
-        (_, true) => None,
+    let prompts = prompts_of(request.prompt, engine.info().vocab_size)?;
+    let per_prompt = params.n.unwrap_or(1).max(1) as usize;
+    if prompts.len() * per_prompt > MAX_BATCH_CHOICES {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            format!(
+                "{} prompts × n = {per_prompt} is over {MAX_BATCH_CHOICES} choices a request",
+                prompts.len()
+            ),
+        ));
+    }
+    // A session continues with one prompt only: a batch's prompts would each overwrite it.
+    let session = match prompts.len() {
+        1 => generate::session_key(&req, &auth.scope)?,
+        _ => None,
     };
-    if let Some(suffix) = suffix {
-        prompt = fill_in_the_middle(prompt, &suffix, engine.info().fim.as_ref())?;
-    }
-    let session = generate::session_key(&req, &auth.scope)?;
     let logprobs = request.logprobs.is_some();
-    let mut plan = generate::plan(
-        &params,
-        prompt,
-        logprobs,
-        request.logprobs.unwrap_or(0),
-        session,
-    )
-    .map_err(|mut e| {
-        if e.param.as_deref() == Some("top_logprobs") {
-            e.param = Some("logprobs".into());
+    let (mut streams, mut echoes) = (Vec::new(), Vec::new());
+    for mut prompt in prompts {
+        let echo_text = match (&prompt, echo) {
+            (_, false) => None,
+            (Prompt::Text(text), true) => Some(text.clone()),
+            (Prompt::Tokens(ids), true) => Some(
+                state
+                    .detokenizer()?
+                    .decode(ids)
+                    .map_err(ApiError::internal)?,
+            ),
+            (_, true) => None,
+        };
+        if let Some(suffix) = &suffix {
+            prompt = fill_in_the_middle(prompt, suffix, engine.info().fim.as_ref())?;
         }
-        e
-    })?;
-    if echo && logprobs {
-        plan.prompt_logprobs = Some(request.logprobs.unwrap_or(0) as usize);
+        let mut plan = generate::plan(
+            &params,
+            prompt,
+            logprobs,
+            request.logprobs.unwrap_or(0),
+            session.clone(),
+        )
+        .map_err(|mut e| {
+            if e.param.as_deref() == Some("top_logprobs") {
+                e.param = Some("logprobs".into());
+            }
+            e
+        })?;
+        if echo && logprobs {
+            plan.prompt_logprobs = Some(request.logprobs.unwrap_or(0) as usize);
+        }
+        let choices = submit_all(engine, &plan)
+            .await
+            .map_err(|e| e.with_param_renamed("messages", "prompt"))?;
+        echoes.extend(std::iter::repeat_n(echo_text, choices.len()));
+        streams.extend(choices);
     }
-    let streams = submit_all(engine, &plan)
-        .await
-        .map_err(|e| e.with_param_renamed("messages", "prompt"))?;
     let id = generate::new_id("cmpl");
     let created = super::unix_now();
     if params.stream.unwrap_or(false) {
@@ -113,7 +132,8 @@ pub async fn completions(
         let shape = TextShape {
             include_usage,
             logprobs,
-            echo: echo_text,
+            echoes,
+            per_prompt,
         };
         let frames = text_frames(state.clone(), id, created, streams, shape);
         return Ok(sse::response(
@@ -136,8 +156,15 @@ pub async fn completions(
             };
         }
     }
-    let echo = echo_text.as_deref();
-    Ok(HttpResponse::Ok().json(response(&state, id, created, collected, logprobs, echo)))
+    let reply = response(
+        &state,
+        (id, created),
+        collected,
+        logprobs,
+        &echoes,
+        per_prompt,
+    );
+    Ok(HttpResponse::Ok().json(reply))
 }
 
 /// `prompt` + `suffix` as the model's fill-in-the-middle prompt: it writes what goes between
@@ -162,20 +189,27 @@ pub(crate) fn fill_in_the_middle(
     }
 }
 
-fn prompt_of(input: PromptInput, vocab_size: usize) -> Result<Prompt, ApiError> {
-    match input {
-        PromptInput::Text(text) => Ok(Prompt::Text(text)),
-        PromptInput::Texts(mut texts) if texts.len() == 1 => Ok(Prompt::Text(texts.remove(0))),
-        PromptInput::Texts(_) => Err(ApiError::invalid(
+/// Most choices one request may ask for: its prompts times `n`.
+const MAX_BATCH_CHOICES: usize = 128;
+
+/// The request's prompts: one, or a batch (strings or lists of token ids).
+fn prompts_of(input: PromptInput, vocab_size: usize) -> Result<Vec<Prompt>, ApiError> {
+    let prompts: Vec<Prompt> = match input {
+        PromptInput::Text(text) => vec![Prompt::Text(text)],
+        PromptInput::Texts(texts) => texts.into_iter().map(Prompt::Text).collect(),
+        PromptInput::Tokens(ids) => vec![Prompt::Tokens(ids)],
+        PromptInput::TokenLists(lists) => lists.into_iter().map(Prompt::Tokens).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid(
             Some("prompt"),
-            "send exactly one prompt per request (batched prompts are not supported)",
-        )),
-        PromptInput::Tokens(ids) => {
-            let prompt = Prompt::Tokens(ids);
-            check_token_ids(&prompt, vocab_size)?;
-            Ok(prompt)
-        }
+            "`prompt` is an empty list: give a prompt (a string or token ids), or several",
+        ));
     }
+    for prompt in &prompts {
+        check_token_ids(prompt, vocab_size)?;
+    }
+    Ok(prompts)
 }
 
 /// A token-id prompt's ids must be in the vocabulary (400 naming `prompt`).
@@ -191,38 +225,58 @@ pub(crate) fn check_token_ids(prompt: &Prompt, vocab_size: usize) -> Result<(), 
     Ok(())
 }
 
+/// Usage of a batch: each prompt's choices as [`generate::usage`] counts them, summed.
+fn batch_usage(per_choice: &[EngineUsage], per_prompt: usize) -> Usage {
+    let mut total = Usage::default();
+    for u in per_choice.chunks(per_prompt.max(1)).map(generate::usage) {
+        total.prompt_tokens += u.prompt_tokens;
+        total.completion_tokens += u.completion_tokens;
+        total.total_tokens += u.total_tokens;
+        total.prompt_tokens_details.cached_tokens += u.prompt_tokens_details.cached_tokens;
+        let (done, d) = (
+            &mut total.completion_tokens_details,
+            u.completion_tokens_details,
+        );
+        done.accepted_prediction_tokens += d.accepted_prediction_tokens;
+        done.rejected_prediction_tokens += d.rejected_prediction_tokens;
+    }
+    total
+}
+
 fn response(
     state: &AppState,
-    id: String,
-    created: u64,
+    (id, created): (String, u64),
     collected: Vec<Collected>,
     logprobs: bool,
-    echo: Option<&str>,
+    echoes: &[Option<String>],
+    per_prompt: usize,
 ) -> CompletionResponse {
     let usages: Vec<EngineUsage> = collected.iter().map(|c| c.usage).collect();
-    let usage = generate::usage(&usages);
+    let usage = batch_usage(&usages, per_prompt);
     state.metrics.count_usage(
         usage.prompt_tokens,
         usage.prompt_tokens_details.cached_tokens,
         usage.completion_tokens,
     );
-    let echoed = echo.unwrap_or("");
     let choices = collected
         .into_iter()
         .enumerate()
-        .map(|(index, c)| CompletionChoice {
-            index,
-            logprobs: logprobs.then(|| {
-                let mut lp = match &c.prompt {
-                    Some(p) => text_logprobs(state, p.run(), TextOffset::default()).0,
-                    None => CompletionLogprobs::default(),
-                };
-                let run = (&c.token_ids[..], &c.logprobs[..], &c.top_logprobs[..]);
-                lp.append(text_logprobs(state, run, TextOffset::after(echoed)).0);
-                lp
-            }),
-            finish_reason: c.finish.map(|r| finish_reason(r, false)),
-            text: format!("{echoed}{}", c.text),
+        .map(|(index, c)| {
+            let echoed = echoes.get(index).cloned().flatten().unwrap_or_default();
+            CompletionChoice {
+                index,
+                logprobs: logprobs.then(|| {
+                    let mut lp = match &c.prompt {
+                        Some(p) => text_logprobs(state, p.run(), TextOffset::default()).0,
+                        None => CompletionLogprobs::default(),
+                    };
+                    let run = (&c.token_ids[..], &c.logprobs[..], &c.top_logprobs[..]);
+                    lp.append(text_logprobs(state, run, TextOffset::after(&echoed)).0);
+                    lp
+                }),
+                finish_reason: c.finish.map(|r| finish_reason(r, false)),
+                text: format!("{echoed}{}", c.text),
+            }
         })
         .collect();
     CompletionResponse {
@@ -249,8 +303,10 @@ impl PromptScores {
 struct TextShape {
     include_usage: bool,
     logprobs: bool,
-    /// The prompt text, sent first when `echo` is on.
-    echo: Option<String>,
+    /// Per choice, its prompt's text, sent first when `echo` is on.
+    echoes: Vec<Option<String>>,
+    /// Choices per prompt (`n`): usage counts each prompt once.
+    per_prompt: usize,
 }
 
 /// Where the next token's text starts in a text completion, in characters (the logprobs'
@@ -333,7 +389,8 @@ fn text_frames(
     let TextShape {
         include_usage,
         logprobs,
-        echo,
+        echoes,
+        per_prompt,
     } = shape;
     let num_choices = streams.len();
     let model = state.config.model_id.clone();
@@ -360,7 +417,7 @@ fn text_frames(
         move |(mut events, mut queue, mut clocks, mut usages, mut offsets, mut ended)| {
             let state = state.clone();
             let frame = frame.clone();
-            let echo = echo.clone();
+            let echoes = echoes.clone();
             async move {
                 loop {
                     if let Some(f) = queue.pop_front() {
@@ -372,7 +429,7 @@ fn text_frames(
                     let Some((index, event)) = events.next().await else {
                         let all: Vec<EngineUsage> = usages.iter().flatten().copied().collect();
                         if !all.is_empty() {
-                            let usage = generate::usage(&all);
+                            let usage = batch_usage(&all, per_prompt);
                             state.metrics.count_usage(
                                 usage.prompt_tokens,
                                 usage.prompt_tokens_details.cached_tokens,
@@ -390,6 +447,7 @@ fn text_frames(
                         ended = true;
                         continue;
                     };
+                    let echo = echoes.get(index).cloned().flatten();
                     let choice = |text: String, finish: Option<String>| CompletionChoice {
                         index,
                         text,

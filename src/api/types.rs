@@ -226,13 +226,14 @@ pub struct CompletionRequest {
     pub params: GenerationParams,
 }
 
-/// A string, a list of one string, or token ids.
+/// A string or token ids, or a batch of either (each prompt answered by its own choices).
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
 
 // ---------------------------------------------------------------- responses
