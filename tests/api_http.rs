@@ -661,5 +661,18 @@ async fn tool_definitions_calls_and_results_round_trip() {
         .unwrap()
         .starts_with("<tool_call>"));
     assert!(choice["message"].get("tool_calls").is_none());
+    // `tool_choice: "none"`: the tools stay in the prompt (the same prompt as "auto", so a
+    // session's cached prefix holds), and the tag is banned: even pushed to it, no call.
+    let count = |choice: &str| {
+        let body = json!({"messages": messages, "tools": tools, "tool_choice": choice});
+        let url = s.at("/v1/chat/completions/count");
+        async move { post(&url, &body).await.json()["prompt_tokens"].clone() }
+    };
+    assert_eq!(count("none").await, count("auto").await);
+    let mut none = req.clone();
+    none["tool_choice"] = json!("none");
+    let out = post(&s.at("/v1/chat/completions"), &none).await.json();
+    let content = out["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!content.contains("<tool_call>"), "{out}");
     s.stop().await;
 }

@@ -85,6 +85,9 @@ pub async fn chat_completions(
     if let Some(grammar) = prompt.forced_grammar.clone() {
         plan.force_tool_calls(grammar)?;
     }
+    if prompt.ban_tool_calls {
+        plan.ban_tool_calls(engine).await?;
+    }
     let streams = submit_all(engine, &plan).await?;
     let ctx = ChatContext {
         id: generate::new_id("chatcmpl"),

@@ -35,6 +35,9 @@ pub struct ChatPrompt {
     pub forced_prefix: String,
     /// The grammar the rest of a forced reply follows (see `tool_grammar`).
     pub forced_grammar: Option<String>,
+    /// `tool_choice: "none"` with tools: they stay in the prompt, and the reply must not call
+    /// one (see [`super::generate::Plan::ban_tool_calls`]).
+    pub ban_tool_calls: bool,
 }
 
 impl ChatPrompt {
@@ -109,6 +112,7 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         }
     }
     let mut use_tools = !tool_names.is_empty();
+    let render_tools = use_tools;
     let mut forced_prefix = String::new();
     match &req.tool_choice {
         None => {}
@@ -158,7 +162,9 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         let parallel = req.parallel_tool_calls != Some(false);
         tool_grammar::forced_calls(&tools, named, parallel, start)
     });
-    let tools = use_tools.then(|| raw.get("tools").cloned()).flatten();
+    // With "none" the tools are still rendered, as vLLM and llama.cpp render them: an agent
+    // that turns tools off for one turn keeps the prompt prefix its session has cached.
+    let tools = render_tools.then(|| raw.get("tools").cloned()).flatten();
     let messages = Value::Array(messages);
     let prompt = if forced_prefix.is_empty() {
         Prompt::Chat { messages, tools }
@@ -176,6 +182,7 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         tool_names: tool_names.iter().map(|n| n.to_string()).collect(),
         forced_prefix,
         forced_grammar,
+        ban_tool_calls: render_tools && !use_tools,
     })
 }
 

@@ -51,6 +51,26 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// `tool_choice: "none"` with the tools in the prompt: the model's tool-call tag is banned
+    /// so that no call is written. A model whose tag is not one token cannot be held back that
+    /// way; its prompt is rendered without the tools instead.
+    pub async fn ban_tool_calls(&mut self, engine: &Engine) -> Result<(), ApiError> {
+        let tag = Prompt::Text(super::tool_calls::OPEN_TOOL.into());
+        match engine.tokenize(&tag).await?[..] {
+            [id] => {
+                self.sampling.logit_bias.insert(id, -100.0);
+            }
+            _ => {
+                if let Prompt::Chat { tools, .. } | Prompt::ChatContinued { tools, .. } =
+                    &mut self.prompt
+                {
+                    *tools = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Constrains the reply to the grammar of the calls `tool_choice` forces (see
     /// `tool_grammar`); refused when the request already constrains its output otherwise.
     pub fn force_tool_calls(&mut self, grammar: String) -> Result<(), ApiError> {

@@ -24,7 +24,7 @@ use super::types::{FunctionCall, ToolCall};
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::Value;
 
-const OPEN_TOOL: &str = "<tool_call>";
+pub(crate) const OPEN_TOOL: &str = "<tool_call>";
 const CLOSE_TOOL: &str = "</tool_call>";
 const OPEN_THINK: &str = "<think>";
 const CLOSE_THINK: &str = "</think>";

@@ -142,6 +142,9 @@ pub async fn messages(
     if let Some(grammar) = prompt.forced_grammar.clone() {
         plan.force_tool_calls(grammar).map_err(rename)?;
     }
+    if prompt.ban_tool_calls {
+        plan.ban_tool_calls(engine).await?;
+    }
     let mut streams = submit_all(engine, &plan).await.map_err(rename)?;
     let ctx = ReplyContext {
         id: generate::new_id("msg").replacen('-', "_", 1),
