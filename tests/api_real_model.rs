@@ -516,3 +516,38 @@ async fn llama_cpp_editor_plugin_requests_answer_as_llama_cpp_does() {
         "{other}"
     );
 }
+
+/// Logprobs' `bytes` are the tokens' raw bytes: Qwen splits an emoji's zero-width joiner over
+/// two tokens, each of whose text alone is U+FFFD, yet the bytes together spell the reply
+/// exactly (the end-of-turn token is not listed, as OpenAI lists none).
+#[actix_rt::test]
+async fn logprob_bytes_spell_the_reply_even_across_split_characters() {
+    let s = server(4096);
+    let body = json!({"messages": [{"role": "user",
+        "content": "Reply with exactly these emoji and nothing else: 🦀🐍🎉👨‍👩‍👧"}],
+        "max_tokens": 30, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let r = post(&s.at("/v1/chat/completions"), &body).await.json();
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{r}");
+    let entries = choice["logprobs"]["content"].as_array().unwrap();
+    let bytes: Vec<u8> = entries
+        .iter()
+        .flat_map(|t| {
+            t["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8)
+        })
+        .collect();
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(
+        content.contains('\u{200D}'),
+        "the test needs a joiner: {content:?}"
+    );
+    assert!(
+        entries.iter().any(|t| t["token"] == "\u{FFFD}"),
+        "the test needs a split character: {r}"
+    );
+    assert_eq!(String::from_utf8(bytes).unwrap(), content);
+}

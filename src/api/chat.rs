@@ -183,9 +183,12 @@ fn chat_logprobs(
     top: &[Vec<(u32, f32)>],
 ) -> ChatLogprobs {
     let text = |id: u32| state.token_text(id);
+    // The end-of-turn token that ends a reply is not part of it (OpenAI lists none), so the
+    // entries' bytes spell the reply's content exactly.
     let content = token_ids
         .iter()
         .enumerate()
+        .filter(|&(_, &id)| !state.is_special_token(id))
         .map(|(i, &id)| {
             let token = text(id);
             TokenLogprob {

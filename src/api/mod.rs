@@ -82,6 +82,13 @@ impl Detokenizer {
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
         crate::tokenizer::token_bytes(&self.0, id)
     }
+
+    /// A special (control) token: an end-of-turn marker, never text of the reply.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.0
+            .id_to_token(id)
+            .is_some_and(|t| self.0.get_added_vocabulary().is_special_token(&t))
+    }
 }
 
 /// Builds a [`Detokenizer`] from a loaded model (before the bundle is given to the engine).
@@ -188,6 +195,11 @@ impl AppState {
             .ok()
             .and_then(|d| d.decode(&[id]).ok())
             .unwrap_or_default()
+    }
+
+    /// A special (control) token, e.g. the end-of-turn token that ends a reply.
+    pub fn is_special_token(&self, id: u32) -> bool {
+        self.detokenizer().is_ok_and(|d| d.is_special(id))
     }
 
     /// One token's raw bytes, as logprobs' `bytes` give them (empty while loading).
