@@ -146,6 +146,13 @@ async fn health_models_openapi_and_metrics_answer() {
         );
     }
     // HEAD wherever GET: Ollama's CLI and Go client probe `HEAD /` before every command.
+    for path in ["/v1/health", "/models"] {
+        assert_eq!(
+            get(&s.at(path)).await.status,
+            200,
+            "llama.cpp's alias {path}"
+        );
+    }
     for path in ["/health", "/", "/api/tags", "/api/version", "/v1/models"] {
         let head = send(client().head(s.at(path)), None).await;
         assert_eq!(head.status, 200, "HEAD {path}");
@@ -171,6 +178,14 @@ async fn health_models_openapi_and_metrics_answer() {
 async fn chat_streaming_equals_non_streaming_with_usage_and_timings() {
     let s = server();
     let plain = post(&s.at("/v1/chat/completions"), &chat(json!({}))).await;
+    // llama.cpp's server answers without the `/v1` too; so does mtpx, the same reply.
+    let bare = post(&s.at("/chat/completions"), &chat(json!({})))
+        .await
+        .json();
+    assert_eq!(
+        bare["choices"][0]["message"],
+        plain.json()["choices"][0]["message"]
+    );
     assert_eq!(plain.status, 200, "{}", plain.text());
     let body = plain.json();
     assert_eq!(body["object"], "chat.completion");

@@ -278,6 +278,22 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         [web::get().to(playground::style_css)],
                     ))
                     .service(endpoint("/health", "GET", [web::get().to(health::health)]))
+                    // llama.cpp's server also answers these without (or with) the `/v1`.
+                    .service(endpoint(
+                        "/v1/health",
+                        "GET",
+                        [web::get().to(health::health)],
+                    ))
+                    .service(endpoint(
+                        "/models",
+                        "GET",
+                        [web::get().to(models::list_models)],
+                    ))
+                    .service(endpoint(
+                        "/chat/completions",
+                        "POST",
+                        [web::post().to(chat::chat_completions)],
+                    ))
                     .service(endpoint(
                         "/metrics",
                         "GET",
