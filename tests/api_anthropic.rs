@@ -324,6 +324,11 @@ async fn prefill_structured_output_and_errors() {
         );
         assert!(message.contains(needle), "{body}: {message}");
     }
+    // Routes Anthropic has and mtpx does not, and a wrong method, answer in Anthropic's shape.
+    let (status, kind, _) = error(&post(&s.at("/v1/messages/batches"), &json!({})).await);
+    assert_eq!((status, kind.as_str()), (404, "not_found_error"));
+    let (status, kind, _) = error(&get(&s.at("/v1/messages")).await);
+    assert_eq!((status, kind.as_str()), (405, "invalid_request_error"));
     let r = post(
         &s.at("/v1/messages"),
         &json!({"max_tokens": 4, "messages": msgs}),

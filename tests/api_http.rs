@@ -558,18 +558,7 @@ async fn logprobs_and_chat_logit_bias_reach_the_sampler() {
     )
     .await
     .json();
-    let bytes: Vec<u8> = r["choices"][0]["logprobs"]["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|t| {
-            t["bytes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|b| b.as_u64().unwrap() as u8)
-        })
-        .collect();
+    let bytes = logprob_bytes(&r["choices"][0]);
     let reply = r["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(
         String::from_utf8_lossy(&bytes).starts_with(reply.trim_end_matches('\u{FFFD}')),

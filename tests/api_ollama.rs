@@ -189,6 +189,15 @@ async fn errors_are_ollama_shaped() {
     assert!(over.json()["error"].as_str().unwrap().contains("2048"));
     let pull = post(&s.at("/api/pull"), &json!({"model": "llama3"})).await;
     assert_eq!(pull.status, 501);
+    // Qwen2.5-Coder does not think: `think: true` is refused, as Ollama refuses it.
+    let think = post(
+        &s.at("/api/chat"),
+        &json!({"messages": [{"role": "user", "content": "x"}], "think": true}),
+    )
+    .await;
+    assert_eq!(think.status, 400);
+    let message = think.json()["error"].as_str().unwrap().to_string();
+    assert!(message.contains("does not support thinking"), "{message}");
 }
 
 /// A final assistant message is continued, as Ollama's templates leave it open: the reply is

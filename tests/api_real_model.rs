@@ -530,16 +530,7 @@ async fn logprob_bytes_spell_the_reply_even_across_split_characters() {
     let choice = &r["choices"][0];
     assert_eq!(choice["finish_reason"], "stop", "{r}");
     let entries = choice["logprobs"]["content"].as_array().unwrap();
-    let bytes: Vec<u8> = entries
-        .iter()
-        .flat_map(|t| {
-            t["bytes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|b| b.as_u64().unwrap() as u8)
-        })
-        .collect();
+    let bytes = logprob_bytes(choice);
     let content = choice["message"]["content"].as_str().unwrap();
     assert!(
         content.contains('\u{200D}'),

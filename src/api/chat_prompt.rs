@@ -282,14 +282,14 @@ mod tests {
     }
 
     #[test]
-    fn tool_choice_none_drops_tools_and_named_must_exist() {
+    fn tool_choice_none_keeps_tools_unparsed_and_named_must_exist() {
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
         let base = |choice: Value| json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice});
         let p = build_json(base(json!("none"))).unwrap();
-        assert!(!p.parse_tools);
-        assert!(matches!(p.prompt, Prompt::Chat { tools: None, .. }));
+        assert!(!p.parse_tools && p.ban_tool_calls);
+        assert!(matches!(p.prompt, Prompt::Chat { tools: Some(_), .. }));
         let p = build_json(base(json!("auto"))).unwrap();
-        assert!(p.parse_tools);
+        assert!(p.parse_tools && !p.ban_tool_calls);
         let p = build_json(base(json!({"type": "function", "function": {"name": "f"}}))).unwrap();
         assert_eq!(
             messages(&p).as_array().unwrap().len(),

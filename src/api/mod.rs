@@ -487,14 +487,13 @@ fn endpoint<const N: usize>(
 struct Allow(String);
 
 async fn method_not_allowed(req: actix_web::HttpRequest) -> HttpResponse {
-    use actix_web::ResponseError;
     if req.method() == actix_web::http::Method::OPTIONS {
         return HttpResponse::NoContent().finish();
     }
     let allow = req
         .app_data::<Allow>()
         .map_or("GET, HEAD", |a| a.0.as_str());
-    let mut res = ApiError::new(
+    let error = ApiError::new(
         actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
         format!(
@@ -503,8 +502,8 @@ async fn method_not_allowed(req: actix_web::HttpRequest) -> HttpResponse {
             req.path()
         ),
     )
-    .with_code("method_not_allowed")
-    .error_response();
+    .with_code("method_not_allowed");
+    let mut res = route_error(&req, error);
     if let Ok(value) = actix_web::http::header::HeaderValue::from_str(allow) {
         res.headers_mut()
             .insert(actix_web::http::header::ALLOW, value);
@@ -513,9 +512,20 @@ async fn method_not_allowed(req: actix_web::HttpRequest) -> HttpResponse {
 }
 
 async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {
-    use actix_web::ResponseError;
     if req.method() == actix_web::http::Method::OPTIONS {
         return HttpResponse::NoContent().finish();
     }
-    ApiError::not_found(&format!("{} {}", req.method(), req.path())).error_response()
+    let error = ApiError::not_found(&format!("{} {}", req.method(), req.path()));
+    route_error(&req, error)
+}
+
+/// A routing error in the shape of the API the path belongs to: Anthropic's SDKs read
+/// `{"type": "error", ...}` under `/v1/messages`; everywhere else OpenAI's shape.
+fn route_error(req: &actix_web::HttpRequest, error: ApiError) -> HttpResponse {
+    use actix_web::ResponseError;
+    if req.path().starts_with("/v1/messages") {
+        anthropic::AnthropicError::from(error).error_response()
+    } else {
+        error.error_response()
+    }
 }

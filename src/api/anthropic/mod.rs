@@ -65,7 +65,7 @@ pub fn error_body(e: &ApiError) -> Value {
         return json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}});
     }
     let kind = match e.status.as_u16() {
-        400 => "invalid_request_error",
+        400 | 405 => "invalid_request_error",
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",

@@ -104,6 +104,24 @@ fn listed_name(state: &AppState) -> String {
     format!("{}:latest", state.config.model_id)
 }
 
+/// A model thinks when its chat template writes `<think>` (what `/api/show` reports as the
+/// `thinking` capability).
+fn thinks(state: &AppState) -> Result<bool, ApiError> {
+    let template = state.engine()?.info().facts.chat_template.as_deref();
+    Ok(template.is_some_and(|t| t.contains("<think>")))
+}
+
+/// `think: true` for a model that does not think is refused, as Ollama refuses it.
+fn check_think(state: &AppState, body: &Value, model: &str) -> Result<(), ApiError> {
+    if body.get("think") == Some(&Value::Bool(true)) && !thinks(state)? {
+        return Err(ApiError::invalid(
+            Some("think"),
+            format!("\"{model}\" does not support thinking"),
+        ));
+    }
+    Ok(())
+}
+
 /// `stream` (Ollama's default: true).
 fn wants_stream(body: &Value) -> Result<bool, ApiError> {
     optional_bool(body, "stream", true)
@@ -166,6 +184,7 @@ pub async fn chat(
     let body = read_json_object(&req, payload, state.config.max_body).await?;
     let model = requested_model(&state, &body)?;
     let stream = wants_stream(&body)?;
+    check_think(&state, &body, &model)?;
     let value = request::chat(&body)?;
     let engine = state.engine()?;
     if value["messages"].as_array().is_some_and(Vec::is_empty) {
@@ -211,6 +230,7 @@ pub async fn generate(
     let body = read_json_object(&req, payload, state.config.max_body).await?;
     let model = requested_model(&state, &body)?;
     let stream = wants_stream(&body)?;
+    check_think(&state, &body, &model)?;
     let text = |field: &str| optional_string(&body, field);
     let (prompt_text, suffix, system) = (text("prompt")?, text("suffix")?, text("system")?);
     let raw = body.get("raw").and_then(Value::as_bool).unwrap_or(false);
@@ -375,7 +395,7 @@ pub async fn show(
     if template.contains("tools") {
         capabilities.push("tools");
     }
-    if template.contains("<think>") {
+    if thinks(&state)? {
         capabilities.push("thinking");
     }
     if info.fim.is_some() {
