@@ -96,3 +96,11 @@ def test_errors_are_openai_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         create(client, tools=[{"type": "web_search_preview"}])
     assert e.value.code == "unsupported_tool"
+
+
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_calls_nothing(client):
+    auto = create(client, input="Read a.txt", tools=TOOLS)
+    none = create(client, input="Read a.txt", tools=TOOLS, tool_choice="none")
+    # The same prompt (the tools rendered), so a conversation's cached prefix holds.
+    assert none.usage.input_tokens == auto.usage.input_tokens
+    assert all(item.type != "function_call" for item in none.output)

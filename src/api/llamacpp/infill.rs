@@ -89,7 +89,12 @@ pub async fn infill_tokens(
     let take = |len: usize, room: i64| len.min(room.max(0) as usize);
     let prefix_take = take(prefix.len(), 3 * (n_batch / 4));
     let suffix_take = take(suffix.len(), n_batch / 4 - (2 + started.len() as i64));
-    let extra_take = take(extra.len(), n_ctx - n_batch - 2 * input.n_predict);
+    // llama.cpp's share for the other files; kept within the window with what surrounds them
+    // and one token to generate, where its arithmetic alone would overflow it by a few.
+    let around = (prefix_take + suffix_take + started.len() + 3) as i64;
+    let extra_room =
+        (n_ctx - n_batch - 2 * input.n_predict).min(n_ctx - around - input.n_predict.max(1));
+    let extra_take = take(extra.len(), extra_room);
 
     let mut ids = Vec::with_capacity(extra_take + prefix_take + suffix_take + started.len() + 3);
     ids.extend_from_slice(&extra[extra.len() - extra_take..]);

@@ -283,9 +283,9 @@ async fn prompts_of(state: &AppState, prompt: Option<&Value>) -> Result<Vec<Prom
 }
 
 /// `POST /completion`.
-#[utoipa::path(post, path = "/completion", request_body(content = Object, description = "llama.cpp's completion request: `prompt`, `n_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `n_probs`, `logit_bias`, `json_schema`, `stream`"),
+#[utoipa::path(post, path = "/completion", request_body(content = Object, description = "llama.cpp's completion request: `prompt` (or an array of prompts), `n_predict` (or `max_tokens`), `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `samplers`, `n_probs`, `logit_bias`, `return_tokens`, `response_fields`, `t_max_predict_ms`, `n_indent`, `json_schema`, `grammar`, `stream`"),
     responses(
-        (status = 200, description = "llama.cpp's completion object, or SSE `data:` objects when `stream` is true", body = Object),
+        (status = 200, description = "llama.cpp's completion object (an array of them for an array of prompts), or SSE `data:` objects when `stream` is true", body = Object),
         (status = 400, description = "Invalid request or `context_length_exceeded`", body = super::types::ErrorResponse),
     ))]
 pub async fn completion(

@@ -46,6 +46,9 @@ pub struct Job {
     pub history: Vec<Value>,
     pub plan: Plan,
     pub parse_tools: bool,
+    /// `tool_choice: "none"` with tools: rendered, but no call may be written (see
+    /// [`Plan::ban_tool_calls`]); done at submission.
+    pub ban_tool_calls: bool,
     pub single_call: bool,
     pub tool_names: Vec<String>,
     pub store: bool,
@@ -169,6 +172,8 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         ));
     }
     let use_tools = !tools.is_empty() && mode != ToolMode::None;
+    // Rendered with "none" too, as chat completions do: the conversation's prefix stays cached.
+    let render_tools = !tools.is_empty();
     let forced_grammar = forced_calls(&tools, &mode, req.parallel_tool_calls != Some(false));
     match &mode {
         ToolMode::Required => messages.push(json!({"role": "system", "content":
@@ -179,7 +184,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     }
     let prompt = Prompt::Chat {
         messages: Value::Array(messages),
-        tools: use_tools.then(|| Value::Array(tools)),
+        tools: render_tools.then(|| Value::Array(tools)),
     };
     let store = req.store.unwrap_or(true);
     let session = store.then(|| session_of(scope, &conversation_id));
@@ -222,6 +227,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         history,
         plan,
         parse_tools: use_tools,
+        ban_tool_calls: render_tools && !use_tools,
         single_call: req.parallel_tool_calls == Some(false),
         tool_names,
         store,
@@ -237,6 +243,9 @@ fn renamed(e: ApiError) -> ApiError {
 /// Submits the job. When its conversation's session is busy (two continuations of the same
 /// response at once), the job forks into a new conversation rather than failing.
 pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiError> {
+    if std::mem::take(&mut job.ban_tool_calls) {
+        job.plan.ban_tool_calls(engine).await?;
+    }
     let first = generate::submit_all(engine, &job.plan).await;
     let mut streams = match first {
         Err(e) if e.code == Some("session_busy") => {
