@@ -146,6 +146,21 @@ async fn hanging_up_on_a_queued_stream_cancels_it_before_it_runs() {
     let after = wait_for(s.engine(), |st| st.num_waiting == 0).await;
     assert_eq!(after.num_waiting, 0, "still queued: {after:?}");
     assert_eq!(after.num_running, 1, "the first request runs on: {after:?}");
+    // The same on llama.cpp's `/completion` with the editor plugins' stops, whose watcher sits
+    // between the engine and the reply: it must notice the client leaving while nothing comes.
+    let editor = json!({"prompt": "hi", "n_predict": LONG, "n_indent": 4,
+                        "t_max_predict_ms": 250, "logit_bias": ban_specials()});
+    let queued = send_raw(&s, "/completion", &editor).await;
+    let waiting = wait_for(s.engine(), |st| st.num_waiting == 1).await;
+    assert_eq!(waiting.num_waiting, 1, "never queued: {waiting:?}");
+    drop(queued);
+    let after = wait_for(s.engine(), |st| st.num_waiting == 0).await;
+    assert_eq!(
+        (after.num_waiting, after.num_running),
+        (0, 1),
+        "left the queue while the first request still runs: {after:?}"
+    );
+    assert!((after.tokens_generated as usize) < LONG, "{after:?}");
     drop(first);
     let idle = wait_for(s.engine(), |st| st.num_running == 0).await;
     assert_eq!(idle.num_running, 0, "{idle:?}");

@@ -70,30 +70,37 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Token ids to text, for `/detokenize` and logprob token strings. The engine has no public
 /// detokenize call for arbitrary ids yet, so `serve` builds one from the model's tokenizer.
 #[derive(Clone)]
-pub struct Detokenizer(Arc<tokenizers::Tokenizer>);
+pub struct Detokenizer {
+    tokenizer: Arc<tokenizers::Tokenizer>,
+    byte_level: bool,
+}
 
 impl Detokenizer {
     /// The text of `ids` (special tokens included).
     pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
-        self.0.decode(ids, false).map_err(|e| e.to_string())
+        self.tokenizer.decode(ids, false).map_err(|e| e.to_string())
     }
 
     /// One token's raw bytes (see [`crate::tokenizer::token_bytes`]).
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
-        crate::tokenizer::token_bytes(&self.0, id)
+        crate::tokenizer::token_bytes(&self.tokenizer, self.byte_level, id)
     }
 
     /// A special (control) token: an end-of-turn marker, never text of the reply.
     pub fn is_special(&self, id: u32) -> bool {
-        self.0
+        let added = self.tokenizer.get_added_vocabulary();
+        self.tokenizer
             .id_to_token(id)
-            .is_some_and(|t| self.0.get_added_vocabulary().is_special_token(&t))
+            .is_some_and(|t| added.is_special_token(&t))
     }
 }
 
 /// Builds a [`Detokenizer`] from a loaded model (before the bundle is given to the engine).
 pub fn detokenizer_of(bundle: &crate::model::ModelBundle) -> Detokenizer {
-    Detokenizer(Arc::new(bundle.tokenizer.clone()))
+    Detokenizer {
+        byte_level: crate::tokenizer::is_byte_level(&bundle.tokenizer),
+        tokenizer: Arc::new(bundle.tokenizer.clone()),
+    }
 }
 
 /// Settings of the HTTP layer (not of the engine).
@@ -242,7 +249,10 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         // HEAD is answered wherever GET is (RFC 9110), as clients probe with it:
                         // Ollama's CLI and Go client send `HEAD /` as their heartbeat. Routed as
                         // a GET; the HTTP codec, which saw the HEAD, sends no body.
-                        if req.method() == actix_web::http::Method::HEAD {
+                        // (Not a WebSocket handshake: its reply has no body to drop.)
+                        if req.method() == actix_web::http::Method::HEAD
+                            && !req.headers().contains_key(actix_web::http::header::UPGRADE)
+                        {
                             req.head_mut().method = actix_web::http::Method::GET;
                         }
                         let state = req.app_data::<web::Data<AppState>>().cloned();

@@ -24,11 +24,26 @@ pub use gguf::{load_tokenizer, tokenizer_from_gguf};
 pub use incremental::IncrementalDecoder;
 pub use template::ChatTemplate;
 
+/// Whether the tokenizer decodes byte-level (GPT-2-style) vocabulary entries, as every GGUF
+/// tokenizer mtpx builds does; a `tokenizer.json` beside the weights may be SentencePiece.
+pub fn is_byte_level(tokenizer: &tokenizers::Tokenizer) -> bool {
+    use tokenizers::decoders::DecoderWrapper;
+    fn byte_level(d: &DecoderWrapper) -> bool {
+        match d {
+            DecoderWrapper::ByteLevel(_) => true,
+            DecoderWrapper::Sequence(seq) => seq.get_decoders().iter().any(byte_level),
+            _ => false,
+        }
+    }
+    tokenizer.get_decoder().is_some_and(byte_level)
+}
+
 /// One token's raw bytes. A token may hold part of a UTF-8 character (an emoji's joiner split in
 /// two), so its decoded text alone ("\u{FFFD}") cannot say them, and OpenAI's logprobs `bytes`
-/// exist to put such tokens back together. Byte-level BPE vocabulary entries map back through
-/// GPT-2's byte alphabet; added tokens (`<|im_end|>`) are their text.
-pub fn token_bytes(tokenizer: &tokenizers::Tokenizer, id: u32) -> Vec<u8> {
+/// exist to put such tokens back together. Byte-level vocabulary entries (`byte_level`, see
+/// [`is_byte_level`]) map back through GPT-2's byte alphabet; SentencePiece ones write a space
+/// as `▁` and a lone byte as `<0xNN>`; added tokens (`<|im_end|>`) are their text.
+pub fn token_bytes(tokenizer: &tokenizers::Tokenizer, byte_level: bool, id: u32) -> Vec<u8> {
     let Some(piece) = tokenizer.id_to_token(id) else {
         return Vec::new();
     };
@@ -38,6 +53,16 @@ pub fn token_bytes(tokenizer: &tokenizers::Tokenizer, id: u32) -> Vec<u8> {
         .is_some()
     {
         return piece.into_bytes();
+    }
+    if !byte_level {
+        let hex = piece
+            .strip_prefix("<0x")
+            .and_then(|h| h.strip_suffix('>'))
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        return match hex {
+            Some(b) => vec![b],
+            None => piece.replace('\u{2581}', " ").into_bytes(),
+        };
     }
     let mut out = Vec::with_capacity(piece.len());
     for c in piece.chars() {
@@ -79,5 +104,23 @@ mod byte_tests {
         let all: std::collections::BTreeSet<u8> =
             ('\u{21}'..='\u{143}').filter_map(byte_of).collect();
         assert_eq!(all.len(), 256);
+    }
+
+    #[test]
+    fn sentencepiece_pieces_give_their_bytes() {
+        use tokenizers::models::bpe::BPE;
+        let vocab: tokenizers::models::bpe::Vocab =
+            [("\u{2581}caf\u{e9}", 0), ("<0x0A>", 1), ("x", 2)]
+                .into_iter()
+                .map(|(t, id)| (t.to_string(), id))
+                .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, vec![])
+            .build()
+            .unwrap();
+        let tok = tokenizers::Tokenizer::new(bpe);
+        assert!(!is_byte_level(&tok));
+        assert_eq!(token_bytes(&tok, false, 0), " café".as_bytes());
+        assert_eq!(token_bytes(&tok, false, 1), b"\n");
     }
 }

@@ -54,7 +54,15 @@ impl EditorStops {
             let mut lines = Lines::new(self.n_indent);
             let (start, mut first_token) = (Instant::now(), None::<Instant>);
             let mut usage = Usage::default();
-            while let Some(event) = events.recv().await {
+            loop {
+                // A client that leaves is noticed at once, not at the next event: a queued or
+                // prefilling request sends none for a while, and dropping `events` is what
+                // cancels it.
+                let event = tokio::select! {
+                    event = events.recv() => event,
+                    () = tx.closed() => return,
+                };
+                let Some(event) = event else { return };
                 let event = match event {
                     EngineEvent::Started {
                         prompt_tokens,

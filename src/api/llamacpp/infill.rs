@@ -36,7 +36,18 @@ pub async fn infill_tokens(
     input: &InfillInput,
 ) -> Result<Vec<u32>, ApiError> {
     let info = engine.info();
-    let (n_batch, n_ctx) = (info.max_batch_tokens as i64, info.context_window as i64);
+    let n_ctx = info.context_window as i64;
+    let n_batch = (info.max_batch_tokens as i64).min(n_ctx);
+    // What generation keeps free: `n_predict`, or a quarter batch when it is unbounded.
+    let n_predict = match input.n_predict {
+        n if n > 0 => n.min(n_ctx),
+        _ => -1,
+    };
+    let reserve = if n_predict > 0 {
+        n_predict
+    } else {
+        n_batch / 4
+    };
     let literal =
         |text: String| async move { engine.tokenize_literal(&text).await.map_err(ApiError::from) };
     let special = |text: Option<String>| async move {
@@ -89,11 +100,10 @@ pub async fn infill_tokens(
     let take = |len: usize, room: i64| len.min(room.max(0) as usize);
     let prefix_take = take(prefix.len(), 3 * (n_batch / 4));
     let suffix_take = take(suffix.len(), n_batch / 4 - (2 + started.len() as i64));
-    // llama.cpp's share for the other files; kept within the window with what surrounds them
-    // and one token to generate, where its arithmetic alone would overflow it by a few.
+    // llama.cpp's share for the other files, kept within the window with what surrounds them
+    // and room to generate (llama.cpp's arithmetic alone can leave none).
     let around = (prefix_take + suffix_take + started.len() + 3) as i64;
-    let extra_room =
-        (n_ctx - n_batch - 2 * input.n_predict).min(n_ctx - around - input.n_predict.max(1));
+    let extra_room = (n_ctx - n_batch - 2 * n_predict).min(n_ctx - around - reserve);
     let extra_take = take(extra.len(), extra_room);
 
     let mut ids = Vec::with_capacity(extra_take + prefix_take + suffix_take + started.len() + 3);

@@ -205,7 +205,10 @@ async fn logit_bias(engine: &Engine, bias: Option<&Value>) -> Result<Option<Valu
         };
         let ids = match token {
             Value::String(text) => engine.tokenize_literal(&text).await?,
-            id => vec![id.as_u64().ok_or_else(invalid)? as u32],
+            id => vec![id
+                .as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(invalid)?],
         };
         for id in ids {
             out.insert(id.to_string(), json!(bias));
