@@ -2,8 +2,6 @@
 //! output rows. One portable implementation serves every dispatch path, so every path sees the
 //! same int8 activations (the precondition for bit-identical results across paths).
 
-use rayon::prelude::*;
-
 /// 32 activations as int8 with one scale, for Q8_0 and Q4_1 weights.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -138,11 +136,11 @@ multiversion!(q8k_rows, q8k_rows_avx2, q8k_blocks, ActQ8K);
 
 /// `x`: `[num_rows, in_dim]` → `out`: `[num_rows, in_dim / 32]`.
 pub fn quantize_q8(x: &[f32], out: &mut [ActQ8]) {
-    if x.len() >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+    if x.len() >= PARALLEL_MIN {
         let per_task = 64;
-        x.par_chunks(32 * per_task)
-            .zip(out.par_chunks_mut(per_task))
-            .for_each(|(x, out)| q8_rows(x, out));
+        super::team::for_each_chunk_mut(out, per_task, |i, out| {
+            q8_rows(&x[32 * per_task * i..][..32 * out.len()], out)
+        });
     } else {
         q8_rows(x, out);
     }
@@ -150,11 +148,11 @@ pub fn quantize_q8(x: &[f32], out: &mut [ActQ8]) {
 
 /// `x`: `[num_rows, in_dim]` → `out`: `[num_rows, in_dim / 256]`.
 pub fn quantize_q8k(x: &[f32], out: &mut [ActQ8K]) {
-    if x.len() >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+    if x.len() >= PARALLEL_MIN {
         let per_task = 8;
-        x.par_chunks(256 * per_task)
-            .zip(out.par_chunks_mut(per_task))
-            .for_each(|(x, out)| q8k_rows(x, out));
+        super::team::for_each_chunk_mut(out, per_task, |i, out| {
+            q8k_rows(&x[256 * per_task * i..][..256 * out.len()], out)
+        });
     } else {
         q8k_rows(x, out);
     }

@@ -138,23 +138,22 @@ unsafe fn column_scales<const SIGNED: bool>(p: *const u8) -> Halves<__m256i> {
     }
 }
 
-/// `acc + (d_w · d_x) · isum`, the epilogue every format shares.
+/// `acc + (d_w · d_x) · isum` with one rounding for the multiply-add, the epilogue every format
+/// shares.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn scaled_add(acc: __m256, dw: __m256, dx: f32, isum: __m256i) -> __m256 {
-    _mm256_add_ps(
+    _mm256_fmadd_ps(
+        _mm256_mul_ps(dw, _mm256_set1_ps(dx)),
+        _mm256_cvtepi32_ps(isum),
         acc,
-        _mm256_mul_ps(
-            _mm256_mul_ps(dw, _mm256_set1_ps(dx)),
-            _mm256_cvtepi32_ps(isum),
-        ),
     )
 }
 
 /// `(acc + (d · d_x) · isum) ∓ (m · d_x) · msum`: the epilogue of formats with a min term
 /// (Q4_1 adds it, Q4_K subtracts it), in `scalar`'s order.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn scaled_add_min<const SUB: bool>(
     acc: __m256,
     (d, m): (__m256, __m256),

@@ -62,9 +62,9 @@ pub mod math;
 mod neon;
 mod prefetch;
 mod scalar;
+pub mod team;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use rayon::prelude::*;
 
 pub use act::{quantize_block, ActQ8, ActQ8K};
 pub use buffer::{AlignedBuf, Zeroable};
@@ -306,11 +306,9 @@ impl Job<'_> {
         // A few tasks per thread balance uneven progress; each task takes whole groups.
         let num_tasks = (num_threads * 4).min(num_groups);
         let per_task = num_groups.div_ceil(num_tasks);
-        (0..num_groups.div_ceil(per_task))
-            .into_par_iter()
-            .for_each(|task| {
-                (task * per_task..((task + 1) * per_task).min(num_groups)).for_each(run_group)
-            });
+        team::for_each(num_groups.div_ceil(per_task), |task| {
+            (task * per_task..((task + 1) * per_task).min(num_groups)).for_each(run_group)
+        });
     }
 }
 

@@ -272,10 +272,11 @@ unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, x: int8x16_t) ->
     acc
 }
 
-/// `acc + (d_w · d_x) · isum`, the epilogue every format shares.
+/// `acc + (d_w · d_x) · isum` with one rounding for the multiply-add (`fmla`), the epilogue
+/// every format shares.
 #[inline(always)]
 unsafe fn scaled_add(acc: float32x4_t, dw: float32x4_t, dx: f32, isum: int32x4_t) -> float32x4_t {
-    vaddq_f32(acc, vmulq_f32(vmulq_n_f32(dw, dx), vcvtq_f32_s32(isum)))
+    vfmaq_f32(acc, vmulq_n_f32(dw, dx), vcvtq_f32_s32(isum))
 }
 
 #[inline(always)]

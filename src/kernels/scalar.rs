@@ -1,6 +1,7 @@
 //! Portable kernels for one group of 16 output rows. They define the arithmetic every SIMD path
 //! reproduces bit for bit: exact integer block dot products, then per block and per output
-//! `acc = acc + (d_w · d_x) · isum` (plus the format's min/offset term), in block order.
+//! `acc = fma(d_w · d_x, isum, acc)` (one rounding for the multiply-add; then the format's min
+//! term), in block order.
 //!
 //! Shapes, for every kernel: `w` is one group `[num_blocks][group_block_bytes]` (see `layout`),
 //! `acts` is `[num_rows, num_blocks]`, `out` is `[num_rows, 16]`.
@@ -40,7 +41,7 @@ pub fn q8_0(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
                 for k in 0..32 {
                     isum += byte(q, k / 4, c, k % 4) as i8 as i32 * a.qs[k] as i32;
                 }
-                *acc += (f16_at(wb, c) * a.d) * isum as f32;
+                *acc = (f16_at(wb, c) * a.d).mul_add(isum as f32, *acc);
             }
         }
         out.copy_from_slice(&acc);
@@ -67,7 +68,7 @@ pub fn q5_0(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
                     let u = (nibble | (fifth << 4)) as i32;
                     isum += (u - 16) * a.qs[k] as i32;
                 }
-                *acc += (f16_at(wb, c) * a.d) * isum as f32;
+                *acc = (f16_at(wb, c) * a.d).mul_add(isum as f32, *acc);
             }
         }
         out.copy_from_slice(&acc);
@@ -89,9 +90,9 @@ pub fn q4_1(w: &[u8], acts: &[ActQ8], out: &mut [f32]) {
                     isum += (v & 0x0F) as i32 * a.qs[k] as i32;
                     isum += (v >> 4) as i32 * a.qs[k + 16] as i32;
                 }
-                let dot = (f16_at(wb, c) * a.d) * isum as f32;
+                let with_dot = (f16_at(wb, c) * a.d).mul_add(isum as f32, *acc);
                 let min = (f16_at(&wb[32..], c) * a.d) * a.sum as f32;
-                *acc = *acc + dot + min;
+                *acc = with_dot + min;
             }
         }
         out.copy_from_slice(&acc);
@@ -121,9 +122,9 @@ pub fn q4k(w: &[u8], acts: &[ActQ8K], out: &mut [f32]) {
                     macc += m[0] as i32 * a.bsum32[2 * p] as i32;
                     macc += m[1] as i32 * a.bsum32[2 * p + 1] as i32;
                 }
-                let dot = (f16_at(wb, c) * a.d) * sacc as f32;
+                let with_dot = (f16_at(wb, c) * a.d).mul_add(sacc as f32, *acc);
                 let min = (f16_at(&wb[32..], c) * a.d) * macc as f32;
-                *acc = *acc + dot - min;
+                *acc = with_dot - min;
             }
         }
         out.copy_from_slice(&acc);
@@ -154,7 +155,7 @@ pub fn q6k(w: &[u8], acts: &[ActQ8K], out: &mut [f32]) {
                         sacc += wb[32 + (s + 1) * GROUP + c] as i8 as i32 * sub[1];
                     }
                 }
-                *acc += (f16_at(wb, c) * a.d) * sacc as f32;
+                *acc = (f16_at(wb, c) * a.d).mul_add(sacc as f32, *acc);
             }
         }
         out.copy_from_slice(&acc);

@@ -60,7 +60,6 @@ use crate::kernels::math::exp_nonpositive;
 use crate::kernels::Dispatch;
 pub use path::AttentionPath;
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
-use rayon::prelude::*;
 use scratch::{Scratch, ScratchLayout, PARTIALS, SCRATCH};
 
 /// Where one query row attends from.
@@ -204,7 +203,8 @@ pub fn paged_attention_with(
         group,
     };
     let layout = ScratchLayout::of(&ctx);
-    plan.tasks.par_iter().for_each(|task| {
+    crate::kernels::team::for_each(plan.tasks.len(), |i| {
+        let task = &plan.tasks[i];
         SCRATCH.with(|scratch| {
             let scratch = &mut *scratch.borrow_mut();
             if scratch.layout != Some(layout) {
@@ -217,8 +217,8 @@ pub fn paged_attention_with(
         })
     });
     let merged = &partials;
-    plan.merges.par_iter().for_each(|multi| {
-        merge(&ctx, multi, merged, out_ptr);
+    crate::kernels::team::for_each(plan.merges.len(), |i| {
+        merge(&ctx, &plan.merges[i], merged, out_ptr);
     });
     PARTIALS.with(|p| *p.borrow_mut() = partials);
 }
