@@ -295,6 +295,65 @@ fn the_wide_output_projection_matches_on_every_path() {
 /// The comparisons above cover a SIMD path only if it is detected: a detection failure must not
 /// pass as "Scalar agrees with itself". `tests/run.sh` names the best path it expects from the
 /// (emulated) CPU in `MTPX_EXPECT_BEST_KERNEL`.
+/// Q4_K blocks whose sub-block sums reach their extremes: every weight 0 or every weight 15
+/// (scales and mins all 63) against activations all at ±127 after quantisation, 1 to 10 rows
+/// (each kernel width). The AVX-512 kernel sums `Σ (u − 8) · x` in 16 bits (|Σ| ≤ 32 · 8 · 127);
+/// were that bound wrong, it would differ from the scalar path here. Reference: the blocks
+/// decoded by hand in f64 (`w = d · 63 · u − dmin · 63`).
+#[test]
+fn q4k_sub_block_sums_at_their_extremes_match_on_every_path() {
+    let in_dim = 512;
+    let (d, dmin) = (half::f16::from_f32(0.25), half::f16::from_f32(0.5));
+    // Weight rows: every nibble 0, every nibble 15, and 0/15 alternating by byte.
+    let nibbles = [0x00u8, 0xFF, 0x0F];
+    let mut bytes = Vec::new();
+    let mut w = Vec::new();
+    for &q in &nibbles {
+        for _ in 0..in_dim / 256 {
+            bytes.extend_from_slice(&d.to_le_bytes());
+            bytes.extend_from_slice(&dmin.to_le_bytes());
+            bytes.extend_from_slice(&[0xFF; 12]); // every 6-bit scale and min is 63
+            bytes.extend_from_slice(&[q; 128]);
+            // Byte k of a 32-byte chunk holds weight k (low nibble) and weight k + 32.
+            for _chunk in 0..4 {
+                for u in [q & 0x0F, q >> 4] {
+                    let weight = d.to_f64() * 63.0 * u as f64 - dmin.to_f64() * 63.0;
+                    w.extend(std::iter::repeat_n(weight, 32));
+                }
+            }
+        }
+    }
+    let out_dim = nibbles.len();
+    let m = QuantMatrix::from_gguf_bytes(GgmlDType::Q4K, &bytes, out_dim, in_dim).unwrap();
+    // Activation rows cycle through all −1, all +1 and alternating signs.
+    let patterns: [fn(usize) -> f32; 3] =
+        [|_| -1.0, |_| 1.0, |k| if k % 2 == 0 { 1.0 } else { -1.0 }];
+    for num_rows in 1..=10 {
+        let x: Vec<f32> = (0..num_rows * in_dim)
+            .map(|i| patterns[(i / in_dim) % 3](i % in_dim))
+            .collect();
+        let scalar = run(&m, Dispatch::Scalar, &x);
+        for (r, xr) in x.chunks(in_dim).enumerate() {
+            for (o, wr) in w.chunks(in_dim).enumerate() {
+                let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a * b as f64).sum();
+                let mag: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a * b as f64).abs()).sum();
+                let got = scalar[r * out_dim + o] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-5 * mag,
+                    "row {r} weights {o}: {got} vs {exact}"
+                );
+            }
+        }
+        for path in Dispatch::supported() {
+            let got = run(&m, path, &x);
+            assert!(
+                bitwise_eq(&got, &scalar),
+                "{num_rows} rows: {path:?} differs from Scalar"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_expected_paths_are_detected() {
     if let Ok(name) = std::env::var("MTPX_EXPECT_BEST_KERNEL") {

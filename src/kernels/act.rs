@@ -31,6 +31,11 @@ pub struct ActQ8K {
     pub q6k_offset16: [i32; 16],
     /// `Σ qs` over each 32 (Q4_K sub-blocks); pairs are read as one i32 by `vpdpwssd`.
     pub bsum32: [i16; 8],
+    /// `−8 · Σ qs` over each 32: where the AVX-512 Q4_K kernel starts a sub-block's sum, so that
+    /// the sum is `Σ (u − 8) · x` (`u` the 4-bit weight), which fits in 16 bits
+    /// (|Σ| ≤ 32 · 8 · 127, as `quantize_block` never gives −128) and takes its sub-block scale
+    /// in one `vpdpwssd`.
+    pub q4k_offset32: [i32; 8],
     /// `Σ qs` over each 16 as i16 (|Σ| ≤ 16 · 127), whose pairs the AVX2 Q6_K kernel reads as
     /// one i32.
     pub bsum16_i16: [i16; 16],
@@ -55,6 +60,7 @@ impl Default for ActQ8K {
             d: 0.0,
             q6k_offset16: [0; 16],
             bsum32: [0; 8],
+            q4k_offset32: [0; 8],
             bsum16_i16: [0; 16],
         }
     }
@@ -106,6 +112,7 @@ fn q8k_blocks(x: &[f32], out: &mut [ActQ8K]) {
         }
         for s in 0..8 {
             a.bsum32[s] = a.bsum16_i16[2 * s] + a.bsum16_i16[2 * s + 1];
+            a.q4k_offset32[s] = -8 * a.bsum32[s] as i32;
         }
     }
 }
