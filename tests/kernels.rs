@@ -325,14 +325,49 @@ fn q4k_sub_block_sums_at_their_extremes_match_on_every_path() {
     }
     let out_dim = nibbles.len();
     let m = QuantMatrix::from_gguf_bytes(GgmlDType::Q4K, &bytes, out_dim, in_dim).unwrap();
-    // Activation rows cycle through all −1, all +1 and alternating signs.
+    check_extremes(&m, &w, in_dim);
+}
+
+/// Q6_K blocks at their extremes: every weight 0 or every weight 63 (`q − 32` = −32 or 31),
+/// sub-block scales alternating 127 and −128, against activations all at ±127, 1 to 10 rows
+/// (each kernel width): every path equals the scalar one bit for bit, and the scalar one
+/// `w = d · sc · (q − 32)` in f64.
+#[test]
+fn q6k_chains_at_their_extremes_match_on_every_path() {
+    let in_dim = 512;
+    let d = half::f16::from_f32(0.125);
+    let scales: Vec<i8> = (0..16)
+        .map(|s| if s % 2 == 0 { 127 } else { -128 })
+        .collect();
+    let mut bytes = Vec::new();
+    let mut w = Vec::new();
+    for fill in [0x00u8, 0xFF] {
+        let q = if fill == 0 { 0.0 } else { 63.0 };
+        for _ in 0..in_dim / 256 {
+            bytes.extend_from_slice(&[fill; 128 + 64]); // ql, qh
+            bytes.extend(scales.iter().map(|&s| s as u8));
+            bytes.extend_from_slice(&d.to_le_bytes());
+            for k in 0..256 {
+                w.push(d.to_f64() * scales[k / 16] as f64 * (q - 32.0));
+            }
+        }
+    }
+    let out_dim = 2;
+    let m = QuantMatrix::from_gguf_bytes(GgmlDType::Q6K, &bytes, out_dim, in_dim).unwrap();
+    check_extremes(&m, &w, in_dim);
+}
+
+/// Activation rows cycling through all −1, all +1 and alternating signs, 1 to 10 rows: the
+/// scalar path against `w` (`[out_dim, in_dim]`) in f64, every path bit for bit against scalar.
+fn check_extremes(m: &QuantMatrix, w: &[f64], in_dim: usize) {
+    let out_dim = w.len() / in_dim;
     let patterns: [fn(usize) -> f32; 3] =
         [|_| -1.0, |_| 1.0, |k| if k % 2 == 0 { 1.0 } else { -1.0 }];
     for num_rows in 1..=10 {
         let x: Vec<f32> = (0..num_rows * in_dim)
             .map(|i| patterns[(i / in_dim) % 3](i % in_dim))
             .collect();
-        let scalar = run(&m, Dispatch::Scalar, &x);
+        let scalar = run(m, Dispatch::Scalar, &x);
         for (r, xr) in x.chunks(in_dim).enumerate() {
             for (o, wr) in w.chunks(in_dim).enumerate() {
                 let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a * b as f64).sum();
@@ -345,7 +380,7 @@ fn q4k_sub_block_sums_at_their_extremes_match_on_every_path() {
             }
         }
         for path in Dispatch::supported() {
-            let got = run(&m, path, &x);
+            let got = run(m, path, &x);
             assert!(
                 bitwise_eq(&got, &scalar),
                 "{num_rows} rows: {path:?} differs from Scalar"
