@@ -333,7 +333,7 @@ fn q4k_sub_block_sums_at_their_extremes_match_on_every_path() {
 /// (each kernel width): every path equals the scalar one bit for bit, and the scalar one
 /// `w = d · sc · (q − 32)` in f64.
 #[test]
-fn q6k_chains_at_their_extremes_match_on_every_path() {
+fn q6k_weights_and_scales_at_their_extremes_match_on_every_path() {
     let in_dim = 512;
     let d = half::f16::from_f32(0.125);
     let scales: Vec<i8> = (0..16)
