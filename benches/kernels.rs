@@ -9,7 +9,8 @@
 //! functions `mtpx/<rows>` and `candle/<rows>`; matrices of up to 8 MB also run one copy from cache
 //! (`mtpx-cached/<rows>`, 1 and 9 rows), which shows how much of a call waits on DRAM.
 //!
-//! `MTPX_BENCH_FILTER=q4k,bandwidth` (substrings of group names) limits which are built.
+//! `MTPX_BENCH_FILTER=q4k,bandwidth` (substrings of group names) limits which are built;
+//! `MTPX_BENCH_STREAM_MB` sets how much the streamed copies span (default 128).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -23,7 +24,23 @@ use rayon::prelude::*;
 const ROWS: [usize; 3] = [1, 9, 512];
 
 /// Weight bytes cycled through per matrix (4× a 32 MB L3), so timings include DRAM reads.
+/// `MTPX_BENCH_STREAM_MB` sets it for machines with a larger L3: on a 2-vCPU Xeon VM reporting
+/// 480 MB, 128 MB stayed in cache (one row of Q4_K read at 41 GB/s against 30 GB/s from DRAM);
+/// 1536 MB gave DRAM figures.
 const STREAM_BYTES: usize = 128 << 20;
+
+/// Copies of a matrix that together span the stream: by default at most 64 (small matrices
+/// then stay in a large L3, as the figures in BENCHMARKS.md were taken), as many as it takes
+/// when `MTPX_BENCH_STREAM_MB` is set.
+fn num_stream_copies(matrix_bytes: usize) -> usize {
+    let set = std::env::var("MTPX_BENCH_STREAM_MB")
+        .ok()
+        .and_then(|mb| mb.parse::<usize>().ok());
+    match set {
+        Some(mb) => ((mb << 20) / matrix_bytes).max(1),
+        None => (STREAM_BYTES / matrix_bytes).clamp(1, 64),
+    }
+}
 
 /// Matrices up to this size also run from cache (`mtpx-cached/<rows>`): well inside a 32 MB L3.
 const CACHED_BYTES: usize = 8 << 20;
@@ -80,7 +97,7 @@ fn bench_matrix(c: &mut Criterion, dtype: GgmlDType, out_dim: usize, in_dim: usi
         started.elapsed()
     );
     // Copies that together overflow the L3 cache, used in turn: decode streams from DRAM.
-    let num_copies = (STREAM_BYTES / ours.packed_bytes()).clamp(1, 64);
+    let num_copies = num_stream_copies(ours.packed_bytes());
     let copies: Vec<QuantMatrix> = (0..num_copies).map(|_| ours.clone()).collect();
     let candle = QMatMul::from_qtensor(q).unwrap();
 
