@@ -292,9 +292,6 @@ fn the_wide_output_projection_matches_on_every_path() {
     }
 }
 
-/// The comparisons above cover a SIMD path only if it is detected: a detection failure must not
-/// pass as "Scalar agrees with itself". `tests/run.sh` names the best path it expects from the
-/// (emulated) CPU in `MTPX_EXPECT_BEST_KERNEL`.
 /// Q4_K blocks whose sub-block sums reach their extremes: every weight 0 or every weight 15
 /// (scales and mins all 63) against activations all at ±127 after quantisation, 1 to 10 rows
 /// (each kernel width). The AVX-512 kernel sums `Σ (u − 8) · x` in 16 bits (|Σ| ≤ 32 · 8 · 127);
@@ -389,6 +386,9 @@ fn check_extremes(m: &QuantMatrix, w: &[f64], in_dim: usize) {
     }
 }
 
+/// The comparisons above cover a SIMD path only if it is detected: a detection failure must not
+/// pass as "Scalar agrees with itself". `tests/run.sh` names the best path it expects from the
+/// (emulated) CPU in `MTPX_EXPECT_BEST_KERNEL`.
 #[test]
 fn the_expected_paths_are_detected() {
     if let Ok(name) = std::env::var("MTPX_EXPECT_BEST_KERNEL") {

@@ -355,7 +355,8 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
         prefetch_header::<R>(p, 320);
         let a: [*const ActQ8K; R] = rows_at(acts, b, nb);
         let mut sacc = [_mm512_setzero_si512(); R];
-        for pair in 0..4 {
+        let mut centring = [_mm512_setzero_si512(); 4];
+        for (pair, centring) in centring.iter_mut().enumerate() {
             let mut lo_sum = [_mm512_setzero_si512(); R];
             let mut hi_sum = [_mm512_setzero_si512(); R];
             for i in 0..R {
@@ -376,7 +377,11 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
             }
             // The scales in the low 16 bits of each lane, 0 above: `vpdpwssd` then multiplies
             // the sums' low halves (the whole sums, which fit) by them.
-            let (sc_lo, sc_hi) = q4k_scales(p, pair);
+            let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(64 + 32 * pair).cast()));
+            let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(80 + 32 * pair).cast()));
+            // (8 · sc_lo, 8 · sc_hi) as the i16 pairs the activations' sums pair with below.
+            let both = _mm512_or_si512(sc_lo, _mm512_slli_epi32::<16>(sc_hi));
+            *centring = _mm512_slli_epi16::<3>(both);
             for i in 0..R {
                 sacc[i] = _mm512_dpwssd_epi32(sacc[i], lo_sum[i], sc_lo);
                 sacc[i] = _mm512_dpwssd_epi32(sacc[i], hi_sum[i], sc_hi);
@@ -384,13 +389,8 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
         }
         let (d, dmin) = (f16x16(p), f16x16(p.add(32)));
         let mut mins = [_mm512_setzero_si512(); 4];
-        let mut centring = [_mm512_setzero_si512(); 4];
-        for q in 0..4 {
-            mins[q] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(192 + 32 * q).cast()));
-            // (8 · sc_2q, 8 · sc_2q+1) as the i16 pairs the activations' sums pair with.
-            let (sc_lo, sc_hi) = q4k_scales(p, q);
-            let pair = _mm512_or_si512(sc_lo, _mm512_slli_epi32::<16>(sc_hi));
-            centring[q] = _mm512_slli_epi16::<3>(pair);
+        for (q, m) in mins.iter_mut().enumerate() {
+            *m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(192 + 32 * q).cast()));
         }
         for i in 0..R {
             let a = &*a[i];
@@ -410,16 +410,6 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
         }
     }
     store_rows(&acc, out);
-}
-
-/// The 6-bit scales of Q4_K sub-blocks `2 · pair` (low nibbles) and `2 · pair + 1` of a
-/// group-block's 16 rows, one per i32 lane.
-#[inline(always)]
-unsafe fn q4k_scales(p: *const u8, pair: usize) -> (__m512i, __m512i) {
-    (
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(64 + 32 * pair).cast())),
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(80 + 32 * pair).cast())),
-    )
 }
 
 /// The 128 weights of Q6_K sub-blocks `s = 8n + 2H + half` and `s + 4` (16 weights of each of
