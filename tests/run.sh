@@ -83,6 +83,13 @@ step "cargo test --release"
 export MTPX_PYTHON="$ROOT/.venv/bin/python"
 cargo test --release "$@"
 
+# On CPUs with AMX-INT8 the int8 attention path runs rows of several lane chunks on tiles; the
+# VNNI kernels it has for them (every other CPU's) are checked here too.
+if [ $# = 0 ] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    step "paged attention with the int8 path's VNNI kernels (MTPX_INT8_TILES=0)"
+    MTPX_INT8_TILES=0 cargo test --release --test paged_attention
+fi
+
 step "NEON kernels under qemu-aarch64 (tests/kernels.rs and the kernels unit tests)"
 # Only correctness can be checked this way; emulated timings say nothing about ARM hardware.
 AARCH64=aarch64-unknown-linux-gnu

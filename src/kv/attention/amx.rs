@@ -23,14 +23,30 @@ use std::sync::OnceLock;
 /// tile instruction would fault).
 pub fn is_supported() -> bool {
     static SUPPORTED: OnceLock<bool> = OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        // CPUID leaf 7 exists on every x86-64 CPU that reports AVX-512 (checked first).
-        let amx = super::bf16::is_supported() && {
-            let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-            leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0
-        };
-        amx && request_tile_state()
-    })
+    // CPUID leaf 7 exists on every x86-64 CPU that reports AVX-512 (checked first).
+    *SUPPORTED.get_or_init(|| super::bf16::is_supported() && tiles_with(AMX_BF16))
+}
+
+/// Whether this CPU and kernel run AMX-INT8 (`tdpbsud`, `tdpbusd`; the int8 path's tiles).
+pub fn int8_is_supported() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| super::int8::is_supported() && tiles_with(AMX_INT8))
+}
+
+/// CPUID.(7, 0):EDX bits of AMX-BF16 and AMX-INT8 (AMX-TILE is bit 24).
+const AMX_BF16: u32 = 1 << 22;
+const AMX_INT8: u32 = 1 << 25;
+
+/// Whether CPUID reports AMX-TILE and `feature`, and Linux grants the tile state.
+fn tiles_with(feature: u32) -> bool {
+    let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+    leaf.edx & (1 << 24) != 0 && leaf.edx & feature != 0 && tile_state_granted()
+}
+
+/// Asks Linux once for the tile state.
+fn tile_state_granted() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(request_tile_state)
 }
 
 #[cfg(target_os = "linux")]

@@ -32,9 +32,11 @@
 
 use super::bf16::{advance, exp_below, lane_max, live, sum_vectors, Out, MAX_LANES};
 use super::bf16_pages::{prefetch_line, BlockPages};
+use super::int8_tiles;
 use super::{seeing_chunks, Scratch};
 use crate::kv::storage::HeadRows;
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 /// Whether this CPU runs the kernels (AVX-512 F/BW, VNNI and VBMI).
 pub fn is_supported() -> bool {
@@ -67,6 +69,39 @@ pub(super) struct Int8Scratch {
     /// and V pairs `[key / 2][head_dim]` (dwords, in the kernels' order).
     keys: Vec<i32>,
     values: Vec<i32>,
+    /// Whether this task's products run on AMX tiles ([`uses_tiles`]), and their operands: the
+    /// query parts `[lane][hdp]`, the weights' byte planes `[lane][keys]` and V `[key / 4][hdp][4]`
+    /// (lanes rounded up to a tile).
+    tiles: bool,
+    query_hi: Vec<i8>,
+    query_lo: Vec<i8>,
+    weight_low: Vec<u8>,
+    weight_high: Vec<u8>,
+    tile_values: Vec<u8>,
+}
+
+impl Int8Scratch {
+    /// Whether the current task's products run on AMX tiles (set by [`prepare`]).
+    pub(super) fn tiles(&self) -> bool {
+        self.tiles
+    }
+}
+
+/// Whether a task of `lanes` lanes runs its products on AMX tiles: tasks of several lane chunks
+/// (which pack the block's operands anyway), on CPUs with AMX-INT8, for head dimensions
+/// the tiles' 64-term products cover. `MTPX_INT8_TILES=0` (read once) keeps them on VNNI.
+pub(super) fn uses_tiles(lanes: usize, hd: usize) -> bool {
+    static ALLOWED: OnceLock<bool> = OnceLock::new();
+    let allowed = *ALLOWED.get_or_init(|| {
+        std::env::var("MTPX_INT8_TILES").map_or(true, |v| v.trim() != "0")
+            && super::amx::int8_is_supported()
+    });
+    allowed && lanes > MAX_LANES && hd.is_multiple_of(int8_tiles::DEPTH)
+}
+
+/// Keys a tile product covers past `keys` (the B tiles read whole steps).
+fn tile_keys(keys: usize) -> usize {
+    keys.next_multiple_of(int8_tiles::DEPTH)
 }
 
 /// Where a kernel takes its operands from.
@@ -85,7 +120,7 @@ impl Source for Packed {
 }
 
 /// `vpermb` indices taking 4 rows of 16 bytes (`[dim][slot]`) to 16 groups of 4 (`[slot][dim]`).
-const REGROUP: [u8; 64] = {
+pub(super) const REGROUP: [u8; 64] = {
     let mut idx = [0u8; 64];
     let mut b = 0;
     while b < 64 {
@@ -106,6 +141,15 @@ const IN_ORDER: [[u32; 16]; 2] = [
 pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     s.p16.resize(lanes * bs, 0);
     let t = &mut s.int8;
+    t.tiles = uses_tiles(lanes, hdp);
+    if t.tiles {
+        let (tile_lanes, keys) = (lanes.next_multiple_of(16), tile_keys(bs));
+        t.query_hi.resize(tile_lanes * hdp, 0);
+        t.query_lo.resize(tile_lanes * hdp, 0);
+        t.weight_low.resize(tile_lanes * keys, 0);
+        t.weight_high.resize(tile_lanes * keys, 0);
+        t.tile_values.resize(keys * hdp, 0);
+    }
     let groups = hdp / 4;
     t.queries.clear();
     t.queries.resize(lanes.div_ceil(MAX_LANES) * groups * 64, 0);
@@ -114,7 +158,8 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     t.value_scales.resize(bs, 0.0);
     t.weight_step.resize(lanes, 0.0);
     if lanes > MAX_LANES {
-        t.keys.resize(bs * hdp / 4, 0);
+        // (The score tiles read 32 keys at a time.)
+        t.keys.resize(bs.next_multiple_of(32) * hdp / 4, 0);
         t.values.resize(bs.div_ceil(2) * hdp, 0);
     }
     t.parts.resize(2 * hdp, 0);
@@ -122,6 +167,10 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     for lane in 0..lanes {
         let q = &s.q[lane * hdp..(lane + 1) * hdp];
         (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, hi, lo);
+        if t.tiles {
+            t.query_hi[lane * hdp..][..hdp].copy_from_slice(hi);
+            t.query_lo[lane * hdp..][..hdp].copy_from_slice(lo);
+        }
         let (chunk, sub) = (lane / MAX_LANES, lane % MAX_LANES);
         for g in 0..groups {
             let at = ((chunk * groups + g) * MAX_LANES + sub) * 8;
@@ -178,15 +227,18 @@ pub(super) unsafe fn block(
     }
     s.maxima.clear();
     s.maxima.resize(lanes * 16, f32::NEG_INFINITY);
-    let weights = nk.next_multiple_of(16);
+    // V's largest scale over the block: every lane's bound but for lanes that see part of it.
+    let block_sv = visible_max(s.int8.value_scales.as_ptr(), nk);
+    if s.int8.tiles {
+        tiled_block(s, pages, lanes, nk, hd, bs, block_sv);
+        return;
+    }
     let packed = lanes > MAX_LANES;
     if packed {
         let t = &mut s.int8;
         pack(pages, hd, t.keys.as_mut_ptr(), t.values.as_mut_ptr());
     }
     let operands = (s.int8.keys.as_ptr(), s.int8.values.as_ptr());
-    // V's largest scale over the block: every lane's bound but for lanes that see part of it.
-    let block_sv = visible_max(s.int8.value_scales.as_ptr(), nk);
     let mut chunks = std::mem::take(&mut s.chunks);
     chunks.clear();
     chunks.extend(seeing_chunks(&s.visible[..lanes], MAX_LANES));
@@ -211,37 +263,7 @@ pub(super) unsafe fn block(
         } else {
             scores::<InPlace>(pages, operands, hd, queries, n, keys16, &out);
         }
-        // The lanes' block maxima first: the horizontal reductions' chains then overlap instead
-        // of each stalling its lane's exponentials.
-        let mut row_max = [0f32; MAX_LANES];
-        for (lane, m) in (l0..l1).zip(&mut row_max) {
-            *m = lane_max(s.maxima[lane * 16..].as_ptr());
-        }
-        for (lane, &row_max) in (l0..l1).zip(&row_max) {
-            let visible = s.visible[lane];
-            let w = s.p16[lane * bs..].as_mut_ptr().cast::<i16>();
-            if visible == 0 {
-                // Weights of zero: the lane shares the products with lanes that see keys.
-                std::ptr::write_bytes(w, 0, weights);
-                s.int8.weight_step[lane] = 0.0;
-                continue;
-            }
-            let sv = s.int8.value_scales.as_ptr();
-            let sv_max = if visible == nk {
-                block_sv
-            } else {
-                visible_max(sv, visible)
-            };
-            let lane_state = (
-                &mut s.max[lane],
-                s.sums[lane * 16..].as_mut_ptr(),
-                s.o[lane * hdp..].as_mut_ptr(),
-                hdp,
-            );
-            let row = s.s[lane * bs..].as_ptr();
-            s.int8.weight_step[lane] =
-                softmax_lane(row, visible, weights, row_max, (sv, sv_max), lane_state, w);
-        }
+        softmax_lanes(s, (l0, l1), nk, block_sv, bs, hdp);
         let w = (s.p16[l0 * bs..].as_ptr().cast::<i16>(), bs);
         let step = s.int8.weight_step[l0..].as_ptr();
         let (pairs, o) = (keys.div_ceil(2), s.o[l0 * hdp..].as_mut_ptr());
@@ -252,6 +274,121 @@ pub(super) unsafe fn block(
         }
     }
     s.chunks = chunks;
+}
+
+/// [`block`] with both products on AMX tiles ([`int8_tiles`]): every lane's scores, then every
+/// lane's softmax step, then every lane's weighted values; each lane's arithmetic is the one the
+/// VNNI kernels do chunk by chunk.
+///
+/// # Safety
+/// As [`block`]; [`prepare`] found the task [`uses_tiles`] and the tiles are configured.
+unsafe fn tiled_block(
+    s: &mut Scratch,
+    pages: &BlockPages,
+    lanes: usize,
+    nk: usize,
+    hd: usize,
+    bs: usize,
+    block_sv: f32,
+) {
+    let seen = s.visible[..lanes].iter().copied().max().unwrap_or(0);
+    if seen == 0 {
+        return;
+    }
+    let t = &mut s.int8;
+    pack_keys(pages, hd, t.keys.as_mut_ptr());
+    let keys = tile_keys(seen);
+    int8_tiles::pack_values(
+        pages,
+        hd,
+        seen.next_multiple_of(4),
+        t.tile_values.as_mut_ptr(),
+    );
+    let queries = int8_tiles::QueryTiles {
+        hi: &t.query_hi,
+        lo: &t.query_lo,
+        scale: &t.query_scale,
+        bias: &t.query_bias,
+    };
+    let mut out = int8_tiles::ScoreOut {
+        s: &mut s.s,
+        s_stride: bs,
+        maxima: &mut s.maxima,
+        visible: &s.visible[..lanes],
+    };
+    int8_tiles::scores(
+        pages,
+        t.keys.as_ptr(),
+        hd,
+        &queries,
+        seen.next_multiple_of(16),
+        &mut out,
+    );
+    for l0 in (0..lanes).step_by(MAX_LANES) {
+        softmax_lanes(s, (l0, (l0 + MAX_LANES).min(lanes)), nk, block_sv, bs, hd);
+    }
+    let t = &mut s.int8;
+    let planes = (t.weight_low.as_mut_ptr(), t.weight_high.as_mut_ptr());
+    let w = s.p16.as_ptr().cast::<i16>();
+    let written = nk.next_multiple_of(16).min(keys);
+    int8_tiles::split_weights(w, bs, lanes, written, keys, planes);
+    int8_tiles::accumulate(
+        (t.weight_low.as_ptr(), t.weight_high.as_ptr()),
+        t.tile_values.as_ptr(),
+        keys,
+        &s.visible[..lanes],
+        &t.weight_step,
+        s.o.as_mut_ptr(),
+        hd,
+    );
+}
+
+/// Each lane's softmax step over the block, lanes `l0..l1` (at most [`MAX_LANES`]), from the
+/// scores and maxima the products left: int16 weights into `s.p16`, their steps into
+/// `weight_step`, the lanes' running state moved on.
+///
+/// # Safety
+/// As [`block`].
+unsafe fn softmax_lanes(
+    s: &mut Scratch,
+    (l0, l1): (usize, usize),
+    nk: usize,
+    block_sv: f32,
+    bs: usize,
+    hdp: usize,
+) {
+    let weights = nk.next_multiple_of(16);
+    // The lanes' block maxima first: the horizontal reductions' chains then overlap instead
+    // of each stalling its lane's exponentials.
+    let mut row_max = [0f32; MAX_LANES];
+    for (lane, m) in (l0..l1).zip(&mut row_max) {
+        *m = lane_max(s.maxima[lane * 16..].as_ptr());
+    }
+    for (lane, &row_max) in (l0..l1).zip(&row_max) {
+        let visible = s.visible[lane];
+        let w = s.p16[lane * bs..].as_mut_ptr().cast::<i16>();
+        if visible == 0 {
+            // Weights of zero: the lane shares the products with lanes that see keys.
+            std::ptr::write_bytes(w, 0, weights);
+            s.int8.weight_step[lane] = 0.0;
+            continue;
+        }
+        let sv = s.int8.value_scales.as_ptr();
+        let sv_max = if visible == nk {
+            block_sv
+        } else {
+            visible_max(sv, visible)
+        };
+        let lane_state = (
+            &mut s.max[lane],
+            s.sums[lane * 16..].as_mut_ptr(),
+            s.o[lane * hdp..].as_mut_ptr(),
+            hdp,
+        );
+        let row = s.s[lane * bs..].as_ptr();
+        s.int8.weight_step[lane] =
+            softmax_lane(row, visible, weights, row_max, (sv, sv_max), lane_state, w);
+    }
 }
 
 /// A chunk's quantised queries from its first lane (laid out as [`Int8Scratch`] says), each
@@ -266,8 +403,17 @@ type Operands = (*const i32, *const i32);
 ///
 /// # Safety
 /// As [`block`]; the buffers are sized as [`prepare`] sizes them.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn pack(pages: &BlockPages, hd: usize, keys: *mut i32, values: *mut i32) {
+    pack_keys(pages, hd, keys);
+    pack_value_pairs(pages, hd, values);
+}
+
+/// The block's K groups, as [`pack`] says.
+///
+/// # Safety
+/// As [`pack`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pack_keys(pages: &BlockPages, hd: usize, keys: *mut i32) {
     let regroup = _mm512_loadu_si512(REGROUP.as_ptr().cast());
     let flip = _mm512_set1_epi8(-128);
     let ps = pages.page_size;
@@ -290,7 +436,15 @@ unsafe fn pack(pages: &BlockPages, hd: usize, keys: *mut i32, values: *mut i32) 
             _mm512_storeu_si512(keys.add((v * groups + g) * 16).cast(), x);
         }
     }
-    let pairs_per_page = ps / 2;
+}
+
+/// The block's V pairs, as [`pack`] says.
+///
+/// # Safety
+/// As [`pack`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_value_pairs(pages: &BlockPages, hd: usize, values: *mut i32) {
+    let pairs_per_page = pages.page_size / 2;
     for i in 0..pages.nk.div_ceil(2) {
         let page = i / pairs_per_page;
         let HeadRows::Q8 { values: v, .. } = pages.values[page] else {

@@ -45,6 +45,8 @@ mod fp16;
 mod in_place;
 #[cfg(target_arch = "x86_64")]
 mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_tiles;
 mod micro;
 mod path;
 mod plan;
@@ -354,7 +356,8 @@ fn attend_task(ctx: &Context, task: &Task, s: &mut Scratch, out: SharedPtr, part
     // The running fold of this task's segments (unsplit tasks only).
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the path (so AMX) was checked.
-    let _tiles = ctx.amx.then(|| unsafe { amx::Tiles::configure() });
+    let _tiles =
+        (ctx.amx || (ctx.int8 && s.int8.tiles())).then(|| unsafe { amx::Tiles::configure() });
     s.fold_max.clear();
     s.fold_max.resize(lanes, f32::NEG_INFINITY);
     s.fold_sum.clear();

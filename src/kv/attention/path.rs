@@ -51,9 +51,11 @@ impl AttentionPath {
     }
 
     /// The path for K/V stored as `dtype`, unless the cache is f32 (which asks for f32
-    /// precision) or the matmul kernels do not run AVX-512: AMX where the CPU has it; for q8
-    /// K/V on CPUs with VNNI and VBMI, the integer products (one decode row over a long context
-    /// ~25% faster than bf16 on a Zen 5, ~2× f32 on a Xeon without AMX); for f16 K/V on CPUs
+    /// precision) or the matmul kernels do not run AVX-512: for q8 K/V on CPUs with VNNI and
+    /// VBMI, the integer products (one decode row over a long context ~25% faster than bf16 on
+    /// a Zen 5, ~2× f32 on a Xeon without AMX, ~2× AMX's bf16 tiles on a Xeon with AMX, where
+    /// rows of several lane chunks take AMX-INT8 tiles and a 50-row continuation's attention
+    /// costs ~1.15× AMX-BF16's); AMX where the CPU has it; for f16 K/V on CPUs
     /// with AVX-512 FP16 (Intel since Sapphire Rapids, where AMX is not exposed), the fp16
     /// products (a continuation's attention ~2× f32 there); AVX-512 BF16 on AMD CPUs, whose
     /// `vdpbf16ps` does twice the multiply-adds of an f32 FMA (on Intel's it does not, and the
@@ -74,8 +76,8 @@ impl AttentionPath {
             Some(AttentionPath::F16) if fp16_ok => AttentionPath::F16,
             Some(_) => f32_path,
             None if dtype == KvDtype::F32 => f32_path,
-            None if amx_ok => AttentionPath::Amx,
             None if dtype == KvDtype::Q8 && int8_ok => AttentionPath::Int8,
+            None if amx_ok => AttentionPath::Amx,
             None if dtype == KvDtype::F16 && fp16_ok => AttentionPath::F16,
             None if bf16_ok && cpu_is_amd() => AttentionPath::Bf16,
             None => f32_path,
