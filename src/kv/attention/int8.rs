@@ -157,7 +157,7 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     t.query_bias.resize(lanes, 0);
     t.value_scales.resize(bs, 0.0);
     t.weight_step.resize(lanes, 0.0);
-    if lanes > MAX_LANES {
+    if lanes > MAX_LANES || t.tiles {
         // (The score tiles read 32 keys at a time.)
         t.keys.resize(bs.next_multiple_of(32) * hdp / 4, 0);
         t.values.resize(bs.div_ceil(2) * hdp, 0);
