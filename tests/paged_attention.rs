@@ -405,16 +405,33 @@ fn a_row_is_bit_identical_alone_in_any_batch_and_any_split() {
     // decode row alone is a task of one lane chunk, which the bf16 path reads in place from the
     // pages; in a batch its rows share tasks that pack K and V first.)
     for dtype in [KvDtype::F16, KvDtype::Q8, KvDtype::F32] {
-        rows_are_bit_identical_alone_in_any_batch(dtype);
+        rows_are_bit_identical_alone_in_any_batch(dtype, 64);
     }
 }
 
-fn rows_are_bit_identical_alone_in_any_batch(dtype: KvDtype) {
+#[test]
+fn heads_of_128_dimensions_match_the_reference_and_stay_bit_identical() {
+    // Qwen2.5-1.5B's heads: the int8 path's tiles sum their products over two steps of 64.
+    let case = Case {
+        page_size: 16,
+        num_heads: 12,
+        num_kv_heads: 2,
+        head_dim: 128,
+        seqs: vec![(1_500, 9), (300, 20), (0, 3)],
+        dtype: KvDtype::Q8,
+        seed: 9,
+    };
+    let err = run_case(&case);
+    assert!(err < 1.0, "worst error {err} of the tolerance");
+    rows_are_bit_identical_alone_in_any_batch(KvDtype::Q8, 128);
+}
+
+fn rows_are_bit_identical_alone_in_any_batch(dtype: KvDtype, head_dim: usize) {
     let case = Case {
         page_size: 16,
         num_heads: 14,
         num_kv_heads: 2,
-        head_dim: 64,
+        head_dim,
         seqs: vec![(3_000, 9), (700, 1), (1_020, 30), (0, 5)],
         dtype,
         seed: 5,
