@@ -406,6 +406,22 @@ pub(super) struct Out {
 }
 
 impl Out {
+    /// Stores lane `l`'s scores of the 16 keys from key `j` and takes them into its running
+    /// maxima ([`Out::store_tile`] for a lane and vector at a time, as the int8 path's AMX tiles
+    /// hand them out).
+    ///
+    /// # Safety
+    /// As [`Out::store_tile`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn store_row(&self, l: usize, j: usize, f: __m512) {
+        _mm512_storeu_ps(self.s.add(l * self.s_stride + j), f);
+        let maxima = self.maxima.add(16 * l);
+        let mv = _mm512_loadu_ps(maxima);
+        let visible = *self.visible.add(l);
+        _mm512_storeu_ps(maxima, _mm512_mask_max_ps(mv, live(visible, j), mv, f));
+    }
+
     /// Stores a tile's scores (`L` lanes × `16 · KC` keys from key `j`) and takes them into the
     /// lanes' running maxima.
     ///

@@ -157,7 +157,7 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
     t.query_bias.resize(lanes, 0);
     t.value_scales.resize(bs, 0.0);
     t.weight_step.resize(lanes, 0.0);
-    if lanes > MAX_LANES || t.tiles {
+    if lanes > MAX_LANES {
         // (The score tiles read 32 keys at a time.)
         t.keys.resize(bs.next_multiple_of(32) * hdp / 4, 0);
         t.values.resize(bs.div_ceil(2) * hdp, 0);
@@ -168,8 +168,10 @@ pub(super) fn prepare(s: &mut Scratch, lanes: usize, hdp: usize, bs: usize) {
         let q = &s.q[lane * hdp..(lane + 1) * hdp];
         (t.query_scale[lane], t.query_bias[lane]) = quantize_query(q, hi, lo);
         if t.tiles {
+            // The tiles take the parts as they are; the VNNI layout below is not read.
             t.query_hi[lane * hdp..][..hdp].copy_from_slice(hi);
             t.query_lo[lane * hdp..][..hdp].copy_from_slice(lo);
+            continue;
         }
         let (chunk, sub) = (lane / MAX_LANES, lane % MAX_LANES);
         for g in 0..groups {
@@ -310,20 +312,14 @@ unsafe fn tiled_block(
         scale: &t.query_scale,
         bias: &t.query_bias,
     };
-    let mut out = int8_tiles::ScoreOut {
-        s: &mut s.s,
+    let out = Out {
+        s: s.s.as_mut_ptr(),
         s_stride: bs,
-        maxima: &mut s.maxima,
-        visible: &s.visible[..lanes],
+        visible: s.visible.as_ptr(),
+        maxima: s.maxima.as_mut_ptr(),
     };
-    int8_tiles::scores(
-        pages,
-        t.keys.as_ptr(),
-        hd,
-        &queries,
-        seen.next_multiple_of(16),
-        &mut out,
-    );
+    let keys16 = seen.next_multiple_of(16);
+    int8_tiles::scores(pages, t.keys.as_ptr(), hd, &queries, keys16, lanes, &out);
     for l0 in (0..lanes).step_by(MAX_LANES) {
         softmax_lanes(s, (l0, (l0 + MAX_LANES).min(lanes)), nk, block_sv, bs, hd);
     }

@@ -17,7 +17,7 @@
 //! configures: `tmm0`/`tmm1` two A tiles, `tmm2`/`tmm3` two B tiles, `tmm4`..`tmm7` the four
 //! products `A0·B0, A1·B0, A0·B1, A1·B1`.
 
-use super::bf16::live;
+use super::bf16::{live, Out};
 use super::bf16_pages::{prefetch_line, BlockPages};
 use super::int8::REGROUP;
 use crate::kv::storage::HeadRows;
@@ -113,15 +113,6 @@ pub(super) struct QueryTiles<'a> {
     pub(super) bias: &'a [i32],
 }
 
-/// Where scores go: `s[lane][key]` (`s_stride` apart), each lane's 16 running maxima of the
-/// keys it sees, and what it sees.
-pub(super) struct ScoreOut<'a> {
-    pub(super) s: &'a mut [f32],
-    pub(super) s_stride: usize,
-    pub(super) maxima: &'a mut [f32],
-    pub(super) visible: &'a [usize],
-}
-
 /// Every lane's scores against the block's first `keys` keys (a multiple of 16), as
 /// `int8::scores_tile` computes them, and its running maxima.
 ///
@@ -143,9 +134,9 @@ pub(super) unsafe fn scores(
     hd: usize,
     q: &QueryTiles,
     keys: usize,
-    out: &mut ScoreOut,
+    lanes: usize,
+    out: &Out,
 ) {
-    let lanes = out.visible.len();
     let groups = hd / 4;
     // The slots' scales of 16-key vector `v` (0 past the block's keys).
     let key_scale = |v: usize| {
@@ -254,7 +245,7 @@ unsafe fn score_rows(
     lanes: std::ops::Range<usize>,
     (hi, lo): (&[[i32; 16]; 16], &[[i32; 16]; 16]),
     (j, key_scale): (usize, __m512),
-    out: &mut ScoreOut,
+    out: &Out,
 ) {
     let l0 = lanes.start;
     for l in lanes {
@@ -265,13 +256,7 @@ unsafe fn score_rows(
         let sum = _mm512_add_epi32(_mm512_slli_epi32::<7>(hi), lo);
         let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, bias));
         let f = _mm512_mul_ps(dot, _mm512_mul_ps(key_scale, qs));
-        _mm512_storeu_ps(out.s.as_mut_ptr().add(l * out.s_stride + j), f);
-        let maxima = out.maxima.as_mut_ptr().add(16 * l);
-        let mv = _mm512_loadu_ps(maxima);
-        _mm512_storeu_ps(
-            maxima,
-            _mm512_mask_max_ps(mv, live(out.visible[l], j), mv, f),
-        );
+        out.store_row(l, j, f);
     }
 }
 
