@@ -185,7 +185,7 @@ impl<'a> NextBlock<'a> {
     }
 
     /// Prefetches share `i` of `n` of the parts' cache lines, the parts taken as one run of
-    /// lines. (Splitting each part into `n` shares cost two divisions per part and chunk: with
+    /// lines, into L2 (as `bf16_pages::prefetch_line`, for the same reason). (Splitting each part into `n` shares cost two divisions per part and chunk: with
     /// 50 lane chunks and 16 parts, the largest item of a block's bookkeeping.)
     pub(super) fn prefetch_share(&self, i: usize, n: usize) {
         let (mut line, end) = (i * self.lines / n, (i + 1) * self.lines / n);
@@ -196,7 +196,7 @@ impl<'a> NextBlock<'a> {
                 // SAFETY: `line - part_start` is a line of this part; a prefetch has no
                 // architectural effect.
                 unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
                         part.as_ptr().add((line - part_start) * 64).cast(),
                     )
                 };

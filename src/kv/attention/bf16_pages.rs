@@ -284,9 +284,12 @@ unsafe fn accumulate_tile<S: PageSrc, const L: usize, const DC: usize>(
 }
 
 /// Asks for the cache line holding `p` (an address inside the next block's pages, or, past
-/// their ends, one that a prefetch may touch harmlessly: prefetches do not fault).
+/// their ends, one that a prefetch may touch harmlessly: prefetches do not fault), into L2: a
+/// whole block ahead is 16 KB of q8 or 32 KB of f16 K and V, as large as a Zen 4's L1, so the
+/// T0 hint evicted the block being read. On a Zen 4, one decode row over 16K keys (streamed):
+/// int8 315–337 → 255–275 µs, bf16 400–417 → 360–368 µs (BENCHMARKS.md).
 #[inline(always)]
 pub(super) fn prefetch_line(p: *const u8) {
     // SAFETY: a prefetch has no architectural effect.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
 }
