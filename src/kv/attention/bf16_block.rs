@@ -185,21 +185,16 @@ impl<'a> NextBlock<'a> {
     }
 
     /// Prefetches share `i` of `n` of the parts' cache lines, the parts taken as one run of
-    /// lines, into L2 (as `bf16_pages::prefetch_line`, for the same reason). (Splitting each part into `n` shares cost two divisions per part and chunk: with
-    /// 50 lane chunks and 16 parts, the largest item of a block's bookkeeping.)
+    /// lines, with [`bf16_pages::prefetch_line`] (its hint and why). (Splitting each part into
+    /// `n` shares cost two divisions per part and chunk: with 50 lane chunks and 16 parts, the
+    /// largest item of a block's bookkeeping.)
     pub(super) fn prefetch_share(&self, i: usize, n: usize) {
         let (mut line, end) = (i * self.lines / n, (i + 1) * self.lines / n);
         let mut part_start = 0;
         for part in &self.parts[..self.len] {
             let part_end = part_start + part.len().div_ceil(64);
             while line < end.min(part_end) {
-                // SAFETY: `line - part_start` is a line of this part; a prefetch has no
-                // architectural effect.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                        part.as_ptr().add((line - part_start) * 64).cast(),
-                    )
-                };
+                bf16_pages::prefetch_line(part.as_ptr().wrapping_add((line - part_start) * 64));
                 line += 1;
             }
             if line >= end {
