@@ -133,6 +133,8 @@ fn bench_matrix(c: &mut Criterion, dtype: GgmlDType, out_dim: usize, in_dim: usi
 }
 
 fn kernels(c: &mut Criterion) {
+    // One-row calls prefetch or not as the server decides (`MTPX_PREFETCH=on|off|auto`).
+    mtpx::kernels::choose_one_row_prefetch();
     for dtype in [
         GgmlDType::Q8_0,
         GgmlDType::Q5_0,

@@ -276,8 +276,14 @@ fn prefetch_report(choice: crate::kernels::PrefetchChoice) -> String {
     if choice.with_hints.is_zero() {
         return format!("{state} (MTPX_PREFETCH)");
     }
+    let over = if choice.model_weights {
+        "the model's"
+    } else {
+        "a synthetic"
+    };
     format!(
-        "{state} (64 MB one-row matmul: {} µs with, {} µs without)",
+        "{state} (one-row sweep over {over} {} MB: {} µs with, {} µs without)",
+        choice.swept_bytes >> 20,
         choice.with_hints.as_micros(),
         choice.without_hints.as_micros()
     )

@@ -71,7 +71,8 @@ pub use buffer::{AlignedBuf, Zeroable};
 pub use dispatch::{cpu_is_amd, Dispatch};
 pub use layout::{Format, GROUP};
 pub use prefetch::{
-    choose_one_row_prefetch, one_row_prefetch, set_one_row_prefetch, PrefetchChoice,
+    choose_one_row_prefetch, choose_one_row_prefetch_for, one_row_prefetch, set_one_row_prefetch,
+    PrefetchChoice,
 };
 
 /// Why a matrix could not be packed.

@@ -4,9 +4,13 @@
 //! and Zen 5 hosts this took one-row matmuls from ~70% to ~87% of the read bandwidth; on a busy
 //! Zen 4 host (2026-12-02) the same hints made 1.5B decode ~25% slower than the hardware
 //! prefetchers alone (BENCHMARKS.md, "The Zen 4 again"). Which way a machine goes is measured
-//! once per process, when the first model loads ([`choose_one_row_prefetch`]): a one-row matmul
-//! over a matrix larger than the L3, with and without the hints, alternating. Calls of several
-//! rows keep their hints: they spend several times longer per byte and need the line earlier.
+//! once per process, when the first model loads ([`choose_one_row_prefetch_for`]): one-row calls
+//! over the model's own weight matrices in forward order (a decode step's weight reads), with and
+//! without the hints, alternating. The formats differ: on one Zen 4 host the hints sped a
+//! streamed Q5_0 matrix up by ~10% and slowed Q4_K and Q6_K ones by 15–25%, so a calibration
+//! over one format (Q8_0, as this first did) could keep the hints for a model they slowed.
+//! Calls of several rows keep their hints: they spend several times longer per byte and need
+//! the line earlier.
 //!
 //! The choice changes only timing, never results. `MTPX_PREFETCH=on|off|auto` (default `auto`)
 //! overrides it.
@@ -32,47 +36,62 @@ pub fn set_one_row_prefetch(on: bool) {
     ONE_ROW.store(on, Ordering::Relaxed);
 }
 
-/// What [`choose_one_row_prefetch`] decided, and from what.
+/// What [`choose_one_row_prefetch_for`] decided, and from what.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefetchChoice {
     pub one_row: bool,
-    /// The fastest one-row call over the calibration matrix with and without the hints (zero
+    /// The fastest one-row sweep over the calibration matrices with and without the hints (zero
     /// when `MTPX_PREFETCH` decided).
     pub with_hints: Duration,
     pub without_hints: Duration,
+    /// Packed bytes one sweep read, and whether they were the model's own matrices (or, for
+    /// models smaller than [`CALIBRATION_BYTES`], a synthetic Q8_0 one).
+    pub swept_bytes: usize,
+    pub model_weights: bool,
 }
 
-/// Bytes of the calibration matrix: above a 32 MB L3 by enough that the calls stream from DRAM,
-/// as a decode step does.
+/// Bytes a calibration sweep reads at least: above a 32 MB L3 by enough that the calls stream
+/// from DRAM, as a decode step does.
 const CALIBRATION_BYTES: usize = 64 << 20;
 
-/// Calls timed each way, alternating.
+/// Sweeps timed each way, alternating; fewer over models above 1 GB (a 7B's 4 GB sweep takes
+/// ~150 ms on two cores).
 const CALIBRATION_ROUNDS: usize = 7;
+const CALIBRATION_ROUNDS_LARGE: usize = 3;
 
-/// Hints stay on unless the calls without them were at least this much faster: the hints are the
-/// default that every earlier measurement was taken with, and a noisy calibration should not
-/// flip it on a small difference.
-const SWITCH_OFF_BELOW: f64 = 0.93;
+/// Hints stay on unless the sweeps without them were at least this much faster: the hints are
+/// the default that most earlier measurements were taken with. (With a Q8_0 matrix standing in
+/// for the model this was 0.93; on a Zen 4 host that kept the hints for a 4.5% difference while
+/// decode ran 5–12% faster without them, 0.5B and 1.5B alike.)
+const SWITCH_OFF_BELOW: f64 = 0.97;
 
-/// Decides, once per process, whether one-row calls prefetch (see the module comment); later
-/// calls return the first decision.
+/// [`choose_one_row_prefetch_for`] without a model: a synthetic Q8_0 matrix.
 pub fn choose_one_row_prefetch() -> PrefetchChoice {
+    choose_one_row_prefetch_for(&[])
+}
+
+/// Decides, once per process, whether one-row calls prefetch (see the module comment), by
+/// one-row sweeps over `matrices` (a model's weights in forward order) when they hold at least
+/// [`CALIBRATION_BYTES`], else over a synthetic matrix; later calls return the first decision.
+pub fn choose_one_row_prefetch_for(matrices: &[&QuantMatrix]) -> PrefetchChoice {
     static CHOICE: OnceLock<PrefetchChoice> = OnceLock::new();
     *CHOICE.get_or_init(|| {
         let fixed = |one_row| PrefetchChoice {
             one_row,
             with_hints: Duration::ZERO,
             without_hints: Duration::ZERO,
+            swept_bytes: 0,
+            model_weights: false,
         };
         let choice = match std::env::var("MTPX_PREFETCH").as_deref().map(str::trim) {
             Ok("on") => fixed(true),
             Ok("off") => fixed(false),
             // Only the x86 kernels prefetch in software.
             _ if !cfg!(target_arch = "x86_64") => fixed(false),
-            Ok("auto") | Err(_) => calibrate(),
+            Ok("auto") | Err(_) => calibrate(matrices),
             Ok(other) => {
                 tracing::warn!("MTPX_PREFETCH={other}: expected on, off or auto; measuring");
-                calibrate()
+                calibrate(matrices)
             }
         };
         set_one_row_prefetch(choice.one_row);
@@ -86,35 +105,60 @@ pub fn choose_one_row_prefetch() -> PrefetchChoice {
     })
 }
 
-/// Times one-row calls over a Q8_0 matrix of [`CALIBRATION_BYTES`] with and without the hints.
-fn calibrate() -> PrefetchChoice {
+/// Times one-row sweeps over `matrices` (or a synthetic Q8_0 matrix of [`CALIBRATION_BYTES`]
+/// when they are smaller) with and without the hints.
+fn calibrate(matrices: &[&QuantMatrix]) -> PrefetchChoice {
+    let model_bytes: usize = matrices.iter().map(|m| m.packed_bytes()).sum();
+    if model_bytes >= CALIBRATION_BYTES {
+        return time_sweeps(matrices, true);
+    }
+    let synthetic = synthetic_matrix();
+    time_sweeps(&[&synthetic], false)
+}
+
+/// A Q8_0 matrix of [`CALIBRATION_BYTES`]. Every byte 1: the scales are small normal numbers
+/// once widened, the sums integers; the values do not matter, only that the pages are really
+/// there (written, not the zero page).
+fn synthetic_matrix() -> QuantMatrix {
     let in_dim = 4096;
     let group_bytes = in_dim / Format::Q8_0.block_len() * Format::Q8_0.group_block_bytes();
-    let num_groups = CALIBRATION_BYTES / group_bytes;
-    // Every byte 1: the scales are small normal numbers once widened, the sums integers; the
-    // values do not matter, only that the pages are really there (written, not the zero page).
+    let num_groups = CALIBRATION_BYTES.div_ceil(group_bytes);
     let mut packed = AlignedBuf::zeroed(num_groups * group_bytes);
     packed.fill(1);
-    let matrix = QuantMatrix {
+    QuantMatrix {
         format: Format::Q8_0,
         out_dim: num_groups * super::GROUP,
         in_dim,
         packed,
-    };
-    let x = vec![0.5f32; in_dim];
-    let mut out = vec![0f32; matrix.out_dim];
+    }
+}
+
+/// The fastest of [`CALIBRATION_ROUNDS`] (or [`CALIBRATION_ROUNDS_LARGE`]) one-row sweeps over `matrices` each way, alternating.
+fn time_sweeps(matrices: &[&QuantMatrix], model_weights: bool) -> PrefetchChoice {
+    let widest_in = matrices.iter().map(|m| m.in_dim).max().unwrap_or(0);
+    let widest_out = matrices.iter().map(|m| m.out_dim).max().unwrap_or(0);
+    let x = vec![0.5f32; widest_in];
+    let mut out = vec![0f32; widest_out];
     let mut scratch = Scratch::new();
     let mut time = |on: bool| {
         set_one_row_prefetch(on);
         let start = Instant::now();
-        matrix.matmul(&x, &mut out, &mut scratch);
+        for m in matrices {
+            m.matmul(&x[..m.in_dim], &mut out[..m.out_dim], &mut scratch);
+        }
         start.elapsed()
     };
-    // One untimed call each way faults nothing in (the buffer is written) but warms the pool.
+    // One untimed sweep each way warms the pool (the pages are already in memory).
     time(true);
     time(false);
+    let swept_bytes = matrices.iter().map(|m| m.packed_bytes()).sum();
+    let rounds = if swept_bytes > 1 << 30 {
+        CALIBRATION_ROUNDS_LARGE
+    } else {
+        CALIBRATION_ROUNDS
+    };
     let (mut with_hints, mut without_hints) = (Duration::MAX, Duration::MAX);
-    for _ in 0..CALIBRATION_ROUNDS {
+    for _ in 0..rounds {
         with_hints = with_hints.min(time(true));
         without_hints = without_hints.min(time(false));
     }
@@ -123,12 +167,48 @@ fn calibrate() -> PrefetchChoice {
         one_row,
         with_hints,
         without_hints,
+        swept_bytes,
+        model_weights,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Q4_K matrix of `out_dim × 4096` whose packed bytes are all 1.
+    fn q4k_matrix(out_dim: usize) -> QuantMatrix {
+        let in_dim = 4096;
+        let groups = out_dim / super::super::GROUP;
+        let bytes = groups * in_dim / Format::Q4K.block_len() * Format::Q4K.group_block_bytes();
+        let mut packed = AlignedBuf::zeroed(bytes);
+        packed.fill(1);
+        QuantMatrix {
+            format: Format::Q4K,
+            out_dim,
+            in_dim,
+            packed,
+        }
+    }
+
+    #[test]
+    fn a_model_of_enough_bytes_is_swept_itself_and_a_small_one_is_not() {
+        let before = one_row_prefetch();
+        // 4096 × 4096 Q4_K: 9.25 MB a matrix; eight of them are above CALIBRATION_BYTES.
+        let big: Vec<QuantMatrix> = (0..8).map(|_| q4k_matrix(4096)).collect();
+        let refs: Vec<&QuantMatrix> = big.iter().collect();
+        let swept: usize = big.iter().map(QuantMatrix::packed_bytes).sum();
+        assert!(swept >= CALIBRATION_BYTES);
+        let choice = calibrate(&refs);
+        assert!(choice.model_weights);
+        assert_eq!(choice.swept_bytes, swept);
+        assert!(!choice.with_hints.is_zero() && !choice.without_hints.is_zero());
+
+        let small = calibrate(&refs[..1]);
+        assert!(!small.model_weights);
+        assert!(small.swept_bytes >= CALIBRATION_BYTES);
+        set_one_row_prefetch(before);
+    }
 
     #[test]
     fn the_hints_change_no_result() {

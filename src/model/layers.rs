@@ -145,6 +145,10 @@ impl Linear {
         }
     }
 
+    pub fn matrix(&self) -> &QuantMatrix {
+        &self.weight
+    }
+
     /// `x`: `[num_rows, in_dim]` → `[num_rows, out_dim]`.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         let mut y = Vec::new();

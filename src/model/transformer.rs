@@ -8,6 +8,7 @@ use super::layers::{
 };
 use super::weights::{linear_from_qtensor, GgufWeights, WeightFormat};
 use crate::error::KvError;
+use crate::kernels::QuantMatrix;
 use crate::kv::{paged_attention, AttentionRow, AttentionShape, KvShape, KvStorage};
 use crate::runner::batch::{ForwardOutput, OutputRow, OutputRows, SeqStep};
 use anyhow::{bail, Context, Result};
@@ -129,7 +130,6 @@ impl Transformer {
         format: WeightFormat,
     ) -> Result<Self> {
         let config = ModelConfig::from_gguf(content)?;
-        crate::kernels::choose_one_row_prefetch();
         let mut w = GgufWeights::new(content, file, path, format);
         let embedding = Arc::new(w.qtensor("token_embd.weight")?);
         let blocks = (0..config.num_layers)
@@ -155,7 +155,7 @@ impl Transformer {
                 config.vocab_size
             );
         }
-        Ok(Self {
+        let model = Self {
             config,
             embedding,
             blocks,
@@ -164,7 +164,22 @@ impl Transformer {
             mtp,
             calibration_tokens: Vec::new(),
             key_channels: OnceLock::new(),
-        })
+        };
+        crate::kernels::choose_one_row_prefetch_for(&model.decode_matrices());
+        Ok(model)
+    }
+
+    /// The weight matrices a decode step reads, in the order it reads them (the MTP modules'
+    /// aside).
+    fn decode_matrices(&self) -> Vec<&QuantMatrix> {
+        let mut matrices: Vec<&QuantMatrix> = self
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down])
+            .map(Linear::matrix)
+            .collect();
+        matrices.push(self.lm_head.matrix());
+        matrices
     }
 
     /// Sets the tokens the key channel scales of a q8 cache are measured on.
