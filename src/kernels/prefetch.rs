@@ -110,31 +110,40 @@ pub fn choose_one_row_prefetch_for(matrices: &[&QuantMatrix]) -> PrefetchChoice 
 fn calibrate(matrices: &[&QuantMatrix]) -> PrefetchChoice {
     let model_bytes: usize = matrices.iter().map(|m| m.packed_bytes()).sum();
     if model_bytes >= CALIBRATION_BYTES {
-        return time_sweeps(matrices, true);
+        return time_sweeps(matrices, model_bytes, true);
     }
-    let synthetic = synthetic_matrix();
-    time_sweeps(&[&synthetic], false)
-}
-
-/// A Q8_0 matrix of [`CALIBRATION_BYTES`]. Every byte 1: the scales are small normal numbers
-/// once widened, the sums integers; the values do not matter, only that the pages are really
-/// there (written, not the zero page).
-fn synthetic_matrix() -> QuantMatrix {
     let in_dim = 4096;
     let group_bytes = in_dim / Format::Q8_0.block_len() * Format::Q8_0.group_block_bytes();
-    let num_groups = CALIBRATION_BYTES.div_ceil(group_bytes);
+    let synthetic = filled_matrix(
+        Format::Q8_0,
+        CALIBRATION_BYTES.div_ceil(group_bytes),
+        in_dim,
+    );
+    time_sweeps(&[&synthetic], synthetic.packed_bytes(), false)
+}
+
+/// A matrix of `num_groups` groups of `format` over `in_dim` whose packed bytes are all 1: the
+/// scales are small normal numbers once widened, the sums integers; the values do not matter,
+/// only that the pages are really there (written, not the zero page).
+fn filled_matrix(format: Format, num_groups: usize, in_dim: usize) -> QuantMatrix {
+    let group_bytes = in_dim / format.block_len() * format.group_block_bytes();
     let mut packed = AlignedBuf::zeroed(num_groups * group_bytes);
     packed.fill(1);
     QuantMatrix {
-        format: Format::Q8_0,
+        format,
         out_dim: num_groups * super::GROUP,
         in_dim,
         packed,
     }
 }
 
-/// The fastest of [`CALIBRATION_ROUNDS`] (or [`CALIBRATION_ROUNDS_LARGE`]) one-row sweeps over `matrices` each way, alternating.
-fn time_sweeps(matrices: &[&QuantMatrix], model_weights: bool) -> PrefetchChoice {
+/// The fastest of [`CALIBRATION_ROUNDS`] (or [`CALIBRATION_ROUNDS_LARGE`]) one-row sweeps over
+/// `matrices` (`swept_bytes` in all) each way, alternating.
+fn time_sweeps(
+    matrices: &[&QuantMatrix],
+    swept_bytes: usize,
+    model_weights: bool,
+) -> PrefetchChoice {
     let widest_in = matrices.iter().map(|m| m.in_dim).max().unwrap_or(0);
     let widest_out = matrices.iter().map(|m| m.out_dim).max().unwrap_or(0);
     let x = vec![0.5f32; widest_in];
@@ -151,7 +160,6 @@ fn time_sweeps(matrices: &[&QuantMatrix], model_weights: bool) -> PrefetchChoice
     // One untimed sweep each way warms the pool (the pages are already in memory).
     time(true);
     time(false);
-    let swept_bytes = matrices.iter().map(|m| m.packed_bytes()).sum();
     let rounds = if swept_bytes > 1 << 30 {
         CALIBRATION_ROUNDS_LARGE
     } else {
@@ -176,26 +184,13 @@ fn time_sweeps(matrices: &[&QuantMatrix], model_weights: bool) -> PrefetchChoice
 mod tests {
     use super::*;
 
-    /// A Q4_K matrix of `out_dim × 4096` whose packed bytes are all 1.
-    fn q4k_matrix(out_dim: usize) -> QuantMatrix {
-        let in_dim = 4096;
-        let groups = out_dim / super::super::GROUP;
-        let bytes = groups * in_dim / Format::Q4K.block_len() * Format::Q4K.group_block_bytes();
-        let mut packed = AlignedBuf::zeroed(bytes);
-        packed.fill(1);
-        QuantMatrix {
-            format: Format::Q4K,
-            out_dim,
-            in_dim,
-            packed,
-        }
-    }
-
     #[test]
     fn a_model_of_enough_bytes_is_swept_itself_and_a_small_one_is_not() {
         let before = one_row_prefetch();
         // 4096 × 4096 Q4_K: 9.25 MB a matrix; eight of them are above CALIBRATION_BYTES.
-        let big: Vec<QuantMatrix> = (0..8).map(|_| q4k_matrix(4096)).collect();
+        let big: Vec<QuantMatrix> = (0..8)
+            .map(|_| filled_matrix(Format::Q4K, 256, 4096))
+            .collect();
         let refs: Vec<&QuantMatrix> = big.iter().collect();
         let swept: usize = big.iter().map(QuantMatrix::packed_bytes).sum();
         assert!(swept >= CALIBRATION_BYTES);

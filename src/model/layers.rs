@@ -145,6 +145,7 @@ impl Linear {
         }
     }
 
+    /// The packed weights (for a sweep over a model's matrices, say).
     pub fn matrix(&self) -> &QuantMatrix {
         &self.weight
     }
