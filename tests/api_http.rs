@@ -164,6 +164,34 @@ async fn health_models_openapi_and_metrics_answer() {
     )
     .await;
     assert_eq!(preflight.status, 204);
+    // CORS: a page served from this machine may call the API by default, any other may not.
+    for (origin, allowed) in [
+        ("http://localhost:5173", true),
+        ("http://127.0.0.1:3000", true),
+        ("https://example.com", false),
+    ] {
+        let preflight = send(
+            client()
+                .request(awc::http::Method::OPTIONS, s.at("/v1/chat/completions"))
+                .insert_header(("Origin", origin))
+                .insert_header(("Access-Control-Request-Method", "POST")),
+            None,
+        )
+        .await;
+        assert_eq!(preflight.status, 204, "{origin}");
+        let echoed = preflight.header("access-control-allow-origin");
+        assert_eq!(echoed.as_deref(), allowed.then_some(origin), "{origin}");
+        let models = send(
+            client()
+                .get(s.at("/v1/models"))
+                .insert_header(("Origin", origin)),
+            None,
+        )
+        .await;
+        assert_eq!(models.status, 200);
+        let echoed = models.header("access-control-allow-origin");
+        assert_eq!(echoed.as_deref(), allowed.then_some(origin), "{origin}");
+    }
     // The WebSocket route, asked without an upgrade, answers in JSON like every other route.
     let plain = get(&s.at("/v1/responses")).await;
     assert_eq!(plain.status, 400);

@@ -543,3 +543,34 @@ async fn websocket_turns_follow_text_format_and_forced_tool_choice() {
     assert!(args["path"].is_string(), "{args}");
     ws.close().await.unwrap();
 }
+
+/// Browsers send `Origin` on a WebSocket handshake and CORS does not guard it: the server lets
+/// in this machine's pages (and `--cors-origin` ones) and refuses the rest with a JSON 403.
+#[actix_rt::test]
+async fn a_page_from_this_machine_may_open_the_socket_and_a_foreign_one_may_not() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Error;
+    let s = server();
+    let handshake = |origin: &str| {
+        let mut request = format!("{}/v1/responses", s.url.replace("http://", "ws://"))
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("origin", origin.parse().unwrap());
+        tokio_tungstenite::connect_async(request)
+    };
+    let (mut local, _) = handshake("http://localhost:5173").await.unwrap();
+    local.close(None).await.unwrap();
+    match handshake("https://example.com").await {
+        Err(Error::Http(reply)) => {
+            assert_eq!(reply.status(), 403);
+            let body: Value = serde_json::from_slice(reply.body().as_deref().unwrap()).unwrap();
+            assert_eq!(body["error"]["code"], "origin_not_allowed");
+        }
+        other => panic!("a foreign origin was not refused: {other:?}"),
+    }
+    // The server keeps serving.
+    let (mut again, _) = handshake("http://127.0.0.1:8000").await.unwrap();
+    again.close(None).await.unwrap();
+}

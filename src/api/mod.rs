@@ -117,8 +117,8 @@ pub struct ApiConfig {
     pub max_body: usize,
     /// SSE keep-alive comment interval while no token arrives.
     pub keep_alive: Duration,
-    /// Origins allowed by CORS; empty means CORS is off.
-    pub cors_origins: Vec<String>,
+    /// Origins allowed by CORS (and to open the WebSocket): this machine's by default.
+    pub cors_origins: cors::AllowedOrigins,
     /// Largest WebSocket frame (or reassembled message) in bytes; beyond it the socket is
     /// closed with 1009.
     pub max_ws_frame: usize,
@@ -138,7 +138,7 @@ impl ApiConfig {
             api_keys: Vec::new(),
             max_body: 16 << 20,
             keep_alive: Duration::from_secs(5),
-            cors_origins: Vec::new(),
+            cors_origins: cors::AllowedOrigins::default(),
             max_ws_frame: 16 << 20,
             ws_ping: Duration::from_secs(15),
             response_ttl: Duration::from_secs(3600),

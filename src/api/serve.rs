@@ -59,7 +59,9 @@ pub struct ServeArgs {
     /// Largest request body (e.g. 16MiB, 1MB, 65536).
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub max_body: usize,
-    /// Allow browser requests from this origin (repeatable; `*` for any). CORS is off without it.
+    /// Also allow browser requests from this origin (repeatable; `*` for any; `none` for no
+    /// origin at all). Pages served from this machine (localhost, 127.0.0.1, [::1]) are allowed
+    /// without it.
     #[arg(long)]
     pub cors_origin: Vec<String>,
     /// HTTP worker threads.
@@ -175,7 +177,7 @@ async fn run(args: ServeArgs) -> Result<()> {
     config.api_keys = args.api_keys();
     config.max_body = args.max_body;
     config.keep_alive = Duration::from_secs(args.sse_keep_alive.max(1));
-    config.cors_origins = args.cors_origin.clone();
+    config.cors_origins = crate::api::cors::AllowedOrigins::from_flags(&args.cors_origin);
     config.max_ws_frame = args.max_ws_frame;
     config.ws_ping = Duration::from_secs(args.ws_ping.max(1));
     config.response_ttl = Duration::from_secs(args.session_ttl);
@@ -183,7 +185,7 @@ async fn run(args: ServeArgs) -> Result<()> {
     let (server, addr) = http_server(state.clone(), (&args.host, args.port), args.workers, false)
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     tracing::info!(
-        "listening on http://{addr} (auth: {}, CORS: {:?}, max body {} bytes); loading {}",
+        "listening on http://{addr} (auth: {}, CORS: {}, max body {} bytes); loading {}",
         match state.config.api_keys.len() {
             0 => "none".to_string(),
             1 => "API key".to_string(),

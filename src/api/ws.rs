@@ -15,9 +15,11 @@
 //!   with 1009.
 //! - The server pings every `ws_ping`; a peer silent for two intervals is dropped. Closing the
 //!   connection cancels its in-flight responses (not its sessions).
-//! - A browser `Origin` must be this server's own or one allowed by `--cors-origin`.
+//! - A browser `Origin` must be this server's own or one CORS allows (this machine's pages,
+//!   `--cors-origin`).
 
 use super::auth::Authorized;
+use super::cors::AllowedOrigins;
 use super::errors::{parse_object, ApiError};
 use super::responses::builder::new_item_id;
 use super::responses::types::ResponseEvent;
@@ -81,7 +83,7 @@ pub async fn responses_socket(
 
 /// Browsers send `Origin` on WebSocket upgrades (CORS does not apply to them): allow the
 /// server's own origin and the configured CORS origins. Non-browser clients send none.
-fn check_origin(req: &HttpRequest, allowed: &[String]) -> Result<(), ApiError> {
+fn check_origin(req: &HttpRequest, allowed: &AllowedOrigins) -> Result<(), ApiError> {
     let Some(origin) = req
         .headers()
         .get(actix_web::http::header::ORIGIN)
@@ -91,7 +93,7 @@ fn check_origin(req: &HttpRequest, allowed: &[String]) -> Result<(), ApiError> {
     };
     let info = req.connection_info();
     let same_host = origin.split_once("://").map(|(_, h)| h) == Some(info.host());
-    if same_host || allowed.iter().any(|o| o == "*" || o == origin) {
+    if same_host || allowed.allows(origin) {
         return Ok(());
     }
     Err(ApiError::new(
