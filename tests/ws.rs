@@ -5,7 +5,7 @@
 #[path = "fixtures/api/client.rs"]
 mod client;
 
-use client::{ban_specials, get_with, post, post_with};
+use client::{ban_specials, get, get_with, post, post_with};
 use mtpx::api::responses::types::{ResponseEvent, ResponseObject};
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::api::ApiConfig;
@@ -304,6 +304,8 @@ async fn another_keys_previous_response_id_is_refused_and_invisible() {
     assert_eq!(r.error()["code"], "previous_response_not_found");
     let r = get_with(&s.at(&format!("/v1/responses/{id}")), &as_bob).await;
     assert_eq!(r.status, 404, "another key's response is not even visible");
+    let r = get_with(&s.at(&format!("/v1/responses/{id}/input_items")), &as_bob).await;
+    assert_eq!(r.status, 404, "nor are its input items");
     assert_eq!(
         s.engine().pool_stats().await.num_used,
         pages_before,
@@ -573,4 +575,88 @@ async fn a_page_from_this_machine_may_open_the_socket_and_a_foreign_one_may_not(
     // The server keeps serving.
     let (mut again, _) = handshake("http://127.0.0.1:8000").await.unwrap();
     again.close(None).await.unwrap();
+}
+
+/// `input_items` lists what a stored response was generated from: a chain's earlier inputs and
+/// outputs too, newest first by default, in pages that follow their cursors.
+#[actix_rt::test]
+async fn input_items_list_the_chain_a_response_was_generated_from() {
+    let s = server();
+    let first = post(
+        &s.at("/v1/responses"),
+        &body(json!("Fix main.rs."), None, 4),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first: ResponseObject = serde_json::from_value(first.json()).unwrap();
+    let second = post(
+        &s.at("/v1/responses"),
+        &body(tool_round(1), Some(&first.id), 4),
+    )
+    .await;
+    let second: ResponseObject = serde_json::from_value(second.json()).unwrap();
+    let list = |id: &str, query: &str| {
+        let url = s.at(&format!("/v1/responses/{id}/input_items{query}"));
+        async move { get(&url).await }
+    };
+
+    let only = list(&first.id, "").await;
+    assert_eq!(only.status, 200, "{}", only.text());
+    let only = only.json();
+    assert_eq!(only["object"], "list");
+    assert_eq!(only["data"].as_array().unwrap().len(), 1);
+    let message = &only["data"][0];
+    assert_eq!(message["type"], "message");
+    assert_eq!(message["role"], "user");
+    assert_eq!(message["content"][0]["type"], "input_text");
+    assert_eq!(message["content"][0]["text"], "Fix main.rs.");
+    assert!(message["id"].as_str().unwrap().starts_with("msg_"));
+
+    // The second response's inputs: the first's input and output, then the tool round.
+    let asc = list(&second.id, "?order=asc").await.json();
+    let data = asc["data"].as_array().unwrap();
+    let kinds: Vec<&str> = data.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    let outputs = first.output.len();
+    assert_eq!(data.len(), 1 + outputs + 2, "{kinds:?}");
+    assert_eq!(data[0], *message, "the same item, the same id");
+    for (item, output) in data[1..=outputs].iter().zip(&first.output) {
+        assert_eq!(*item, serde_json::to_value(output).unwrap());
+    }
+    assert_eq!(
+        kinds[outputs + 1..],
+        ["function_call", "function_call_output"]
+    );
+    assert_eq!(data[outputs + 1]["call_id"], "call_1");
+    assert_eq!(data[outputs + 2]["output"], "fn f1() -> u32 { 1 }");
+    assert_eq!(asc["has_more"], false);
+
+    // Newest first by default; pages of 2 walk the same items backwards.
+    let ids: Vec<&Value> = data.iter().map(|i| &i["id"]).rev().collect();
+    let mut walked = Vec::new();
+    let mut query = "?limit=2".to_string();
+    loop {
+        let page = list(&second.id, &query).await.json();
+        walked.extend(
+            page["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].clone()),
+        );
+        if page["has_more"] == false {
+            break;
+        }
+        query = format!("?limit=2&after={}", page["last_id"].as_str().unwrap());
+    }
+    assert_eq!(walked.iter().collect::<Vec<_>>(), ids);
+
+    let bad = list(&second.id, "?limit=0").await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.error()["param"], "limit");
+    let bad = list(&second.id, "?after=msg_unknown").await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.error()["param"], "after");
+    let missing = list("resp_unknown", "").await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.error()["code"], "response_not_found");
 }

@@ -15,7 +15,7 @@
 //! | `POST /v1/chat/completions/count` | [`tokens`]: count a chat's prompt tokens |
 //! | `POST /v1/completions` | [`completions`] |
 //! | `POST /v1/embeddings` | [`embeddings`]: pooled hidden states |
-//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | [`responses`] |
+//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` | [`responses`] |
 //! | `GET /v1/responses` (WebSocket upgrade) | [`ws`]: Responses WebSocket mode |
 //! | `GET /v1/stats` | [`stats`]: engine state as JSON (pool, scheduler, sessions) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
@@ -354,6 +354,11 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                             web::get().to(responses::get_response),
                             web::delete().to(responses::delete_response),
                         ],
+                    ))
+                    .service(endpoint(
+                        "/v1/responses/{id}/input_items",
+                        "GET",
+                        [web::get().to(responses::input_items::list_input_items)],
                     ))
                     .service(endpoint("/v1/stats", "GET", [web::get().to(stats::stats)]))
                     .service(endpoint(

@@ -104,3 +104,29 @@ def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_calls_nothing(client
     # The same prompt (the tools rendered), so a conversation's cached prefix holds.
     assert none.usage.input_tokens == auto.usage.input_tokens
     assert all(item.type != "function_call" for item in none.output)
+
+
+def test_input_items_list_a_chain_through_the_sdk(client):
+    first = create(client, input="Fix main.rs.", tools=TOOLS)
+    second = create(
+        client,
+        tools=TOOLS,
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call", "call_id": "call_1", "name": "read",
+             "arguments": json.dumps({"path": "main.rs"})},
+            {"type": "function_call_output", "call_id": "call_1", "output": "fn main() {}"},
+        ],
+    )
+    # The SDK pages through the cursors by itself (limit=2 forces several pages).
+    items = list(client.responses.input_items.list(second.id, limit=2, order="asc"))
+    kinds = [item.type for item in items]
+    assert kinds[0] == "message" and items[0].role == "user"
+    assert items[0].content[0].text == "Fix main.rs."
+    assert [item.id for item in items[1:-2]] == [item.id for item in first.output]
+    assert kinds[-2:] == ["function_call", "function_call_output"]
+    assert items[-1].output == "fn main() {}"
+    newest_first = list(client.responses.input_items.list(second.id))
+    assert [item.id for item in newest_first] == [item.id for item in reversed(items)]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_does_not_exist").data

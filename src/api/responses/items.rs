@@ -26,6 +26,51 @@ pub fn append_input(messages: &mut Vec<Value>, input: &Input) -> Result<(), ApiE
     Ok(())
 }
 
+/// A request's `input` as the items `GET /v1/responses/{id}/input_items` lists: a string
+/// becomes a user `message` item; every item gets an `id` (generated when the client sent
+/// none) and a `type` (`message` for a bare `role` + `content`); a message's string `content`
+/// becomes one text part (`input_text`, or `output_text` for the assistant), as OpenAI lists
+/// them. Validation is [`append_input`]'s: this runs on input it accepted.
+pub fn listed_items(input: &Input) -> Vec<Value> {
+    let items = match input {
+        Input::Text(text) => vec![json!({"role": "user", "content": text})],
+        Input::Items(items) => items.clone(),
+    };
+    items.into_iter().map(listed_item).collect()
+}
+
+fn listed_item(mut item: Value) -> Value {
+    let Some(fields) = item.as_object_mut() else {
+        return item;
+    };
+    if !fields.contains_key("type") && fields.contains_key("role") {
+        fields.insert("type".into(), json!("message"));
+    }
+    let kind = fields.get("type").and_then(Value::as_str).unwrap_or("");
+    let prefix = match kind {
+        "message" => "msg",
+        "function_call" => "fc",
+        "function_call_output" => "fco",
+        "reasoning" => "rs",
+        _ => "item",
+    };
+    if kind == "message" {
+        if let Some(Value::String(text)) = fields.get("content") {
+            let part = if fields.get("role").and_then(Value::as_str) == Some("assistant") {
+                "output_text"
+            } else {
+                "input_text"
+            };
+            let parts = json!([{"type": part, "text": text}]);
+            fields.insert("content".into(), parts);
+        }
+    }
+    if !fields.get("id").is_some_and(Value::is_string) {
+        fields.insert("id".into(), json!(super::builder::new_item_id(prefix)));
+    }
+    item
+}
+
 fn append_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), ApiError> {
     let kind = item
         .get("type")

@@ -1,5 +1,6 @@
 //! The Responses API: `POST /v1/responses` (streamed as SSE or not), `GET` / `DELETE
-//! /v1/responses/{id}`, and what the WebSocket mode ([`super::ws`]) shares with them.
+//! /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` ([`input_items`]), and what the
+//! WebSocket mode ([`super::ws`]) shares with them.
 //!
 //! A request becomes a [`Job`] ([`prepare`]): the stored conversation of `previous_response_id`
 //! (unknown or another key's → 400, never a silent restart) plus the new input items, rendered
@@ -10,6 +11,7 @@
 //! whoever streams them (SSE, a WebSocket, or nobody for a plain JSON answer).
 
 pub mod builder;
+pub mod input_items;
 pub mod items;
 pub mod store;
 pub mod types;
@@ -44,6 +46,8 @@ pub struct Job {
     pub conversation_id: String,
     /// The conversation so far (stored messages and the new input), without `instructions`.
     pub history: Vec<Value>,
+    /// The same as Responses items (what `input_items` lists).
+    pub input_items: Vec<Value>,
     pub plan: Plan,
     pub parse_tools: bool,
     /// `tool_choice: "none"` with tools: rendered, but no call may be written (see
@@ -142,18 +146,33 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         .collect();
     let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
     let tool_names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let (conversation_id, mut history) = match &req.previous_response_id {
+    let (conversation_id, mut history, mut input_items) = match &req.previous_response_id {
         Some(prev) => {
             let entry = state
                 .responses
                 .get(scope, prev)
                 .ok_or_else(|| unknown_previous(prev))?;
-            (entry.conversation_id.clone(), (*entry.messages).clone())
+            let mut input_items = (*entry.input_items).clone();
+            input_items.extend(
+                entry
+                    .response
+                    .output
+                    .iter()
+                    .filter_map(|item| serde_json::to_value(item).ok()),
+            );
+            (
+                entry.conversation_id.clone(),
+                (*entry.messages).clone(),
+                input_items,
+            )
         }
-        None => (new_item_id("conv"), Vec::new()),
+        None => (new_item_id("conv"), Vec::new(), Vec::new()),
     };
     match &req.input {
-        Some(input) => items::append_input(&mut history, input)?,
+        Some(input) => {
+            items::append_input(&mut history, input)?;
+            input_items.extend(items::listed_items(input));
+        }
         None if req.previous_response_id.is_none() => {
             return Err(ApiError::invalid(Some("input"), "`input` is required"))
         }
@@ -225,6 +244,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         scope: scope.to_string(),
         conversation_id,
         history,
+        input_items,
         plan,
         parse_tools: use_tools,
         ban_tool_calls: render_tools && !use_tools,
@@ -336,9 +356,13 @@ pub async fn run(
     if job.store && !failed {
         let mut messages = job.history;
         messages.push(assistant_message(&response));
-        state
-            .responses
-            .insert(&job.scope, &job.conversation_id, messages, response.clone());
+        state.responses.insert(
+            &job.scope,
+            &job.conversation_id,
+            messages,
+            job.input_items,
+            response.clone(),
+        );
     }
     for e in events {
         if !emit(e) {

@@ -17,6 +17,9 @@ pub struct StoredResponse {
     pub conversation_id: String,
     /// The conversation up to and including this response's output.
     pub messages: Arc<Vec<serde_json::Value>>,
+    /// The items this response was generated from, oldest first: earlier turns' inputs and
+    /// outputs and this turn's input (`GET /v1/responses/{id}/input_items`).
+    pub input_items: Arc<Vec<serde_json::Value>>,
     pub response: Arc<ResponseObject>,
     stored_at: Instant,
 }
@@ -41,6 +44,7 @@ impl ResponseStore {
         scope: &str,
         conversation_id: &str,
         messages: Vec<serde_json::Value>,
+        input_items: Vec<serde_json::Value>,
         response: ResponseObject,
     ) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -62,6 +66,7 @@ impl ResponseStore {
                 scope: scope.to_string(),
                 conversation_id: conversation_id.to_string(),
                 messages: Arc::new(messages),
+                input_items: Arc::new(input_items),
                 response: Arc::new(response),
                 stored_at: Instant::now(),
             },
