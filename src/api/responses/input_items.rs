@@ -50,11 +50,11 @@ pub async fn list_input_items(
         .responses
         .get(&auth.scope, &id)
         .ok_or_else(|| not_stored(&id))?;
-    Ok(HttpResponse::Ok().json(page(&entry.input_items, &query)?))
+    Ok(HttpResponse::Ok().json(page(&entry.input_items.items(), &query)?))
 }
 
 /// One page of `items` (oldest first) as `query` asks.
-fn page(items: &[Value], query: &InputItemsQuery) -> Result<Value, ApiError> {
+fn page(items: &[&Value], query: &InputItemsQuery) -> Result<Value, ApiError> {
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::invalid(
@@ -62,7 +62,7 @@ fn page(items: &[Value], query: &InputItemsQuery) -> Result<Value, ApiError> {
             format!("`limit` must be between 1 and {MAX_LIMIT}, not {limit}."),
         ));
     }
-    let mut ordered: Vec<&Value> = items.iter().collect();
+    let mut ordered = items.to_vec();
     match query.order.as_deref().unwrap_or("desc") {
         "desc" => ordered.reverse(),
         "asc" => {}
@@ -114,6 +114,10 @@ mod tests {
 
     fn items(n: usize) -> Vec<Value> {
         (0..n).map(|i| json!({"id": format!("i{i}")})).collect()
+    }
+
+    fn page(items: &[Value], query: &InputItemsQuery) -> Result<Value, ApiError> {
+        super::page(&items.iter().collect::<Vec<_>>(), query)
     }
 
     fn ids(page: &Value) -> Vec<&str> {

@@ -35,6 +35,7 @@ use builder::{assistant_message, new_item_id, Builder, Ending};
 use items::ToolMode;
 use serde_json::{json, Value};
 use std::future::Future;
+use store::ItemChain;
 use types::{ResponseEvent, ResponseObject, ResponsesRequest};
 
 /// A validated request, ready to submit.
@@ -47,7 +48,7 @@ pub struct Job {
     /// The conversation so far (stored messages and the new input), without `instructions`.
     pub history: Vec<Value>,
     /// The same as Responses items (what `input_items` lists).
-    pub input_items: Vec<Value>,
+    pub input_items: ItemChain,
     pub plan: Plan,
     pub parse_tools: bool,
     /// `tool_choice: "none"` with tools: rendered, but no call may be written (see
@@ -146,38 +147,38 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         .collect();
     let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
     let tool_names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let (conversation_id, mut history, mut input_items) = match &req.previous_response_id {
+    let (conversation_id, mut history, earlier) = match &req.previous_response_id {
         Some(prev) => {
             let entry = state
                 .responses
                 .get(scope, prev)
                 .ok_or_else(|| unknown_previous(prev))?;
-            let mut input_items = (*entry.input_items).clone();
-            input_items.extend(
-                entry
-                    .response
-                    .output
-                    .iter()
-                    .filter_map(|item| serde_json::to_value(item).ok()),
-            );
+            let earlier = (entry.input_items.clone(), entry.response.clone());
             (
                 entry.conversation_id.clone(),
                 (*entry.messages).clone(),
-                input_items,
+                Some(earlier),
             )
         }
-        None => (new_item_id("conv"), Vec::new(), Vec::new()),
+        None => (new_item_id("conv"), Vec::new(), None),
     };
+    // This turn's items: the previous response's output, then the new input.
+    let mut new_items: Vec<Value> = earlier
+        .iter()
+        .flat_map(|(_, response)| &response.output)
+        .filter_map(|item| serde_json::to_value(item).ok())
+        .collect();
     match &req.input {
         Some(input) => {
             items::append_input(&mut history, input)?;
-            input_items.extend(items::listed_items(input));
+            new_items.extend(items::listed_items(input));
         }
         None if req.previous_response_id.is_none() => {
             return Err(ApiError::invalid(Some("input"), "`input` is required"))
         }
         None => {}
     }
+    let input_items = ItemChain::new(earlier.map(|(chain, _)| chain), new_items);
     let mut messages: Vec<Value> = req
         .instructions
         .iter()

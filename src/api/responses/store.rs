@@ -11,15 +11,55 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// A conversation's items, oldest first, as a chain that shares the earlier turns' items with
+/// the stored responses it continues: each turn adds only its own (the previous response's
+/// output and the new input), so a long session's stored responses take memory linear in its
+/// length, not quadratic. A link outlives the response that made it (deleting a response does
+/// not cut its continuations' chains).
+#[derive(Debug, Default, Clone)]
+pub struct ItemChain {
+    earlier: Option<Arc<ItemChain>>,
+    items: Vec<serde_json::Value>,
+}
+
+impl ItemChain {
+    /// `items` after `earlier`'s.
+    pub fn new(earlier: Option<Arc<ItemChain>>, items: Vec<serde_json::Value>) -> Self {
+        Self { earlier, items }
+    }
+
+    /// Every item, oldest first.
+    pub fn items(&self) -> Vec<&serde_json::Value> {
+        let mut links = vec![self];
+        while let Some(earlier) = links.last().and_then(|l| l.earlier.as_deref()) {
+            links.push(earlier);
+        }
+        links.iter().rev().flat_map(|l| &l.items).collect()
+    }
+}
+
+impl Drop for ItemChain {
+    /// Unlinks iteratively: dropping a chain of thousands of turns must not recurse that deep.
+    fn drop(&mut self) {
+        let mut earlier = self.earlier.take();
+        while let Some(link) = earlier {
+            earlier = match Arc::try_unwrap(link) {
+                Ok(mut link) => link.earlier.take(),
+                Err(_) => None,
+            };
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct StoredResponse {
     pub scope: String,
     pub conversation_id: String,
     /// The conversation up to and including this response's output.
     pub messages: Arc<Vec<serde_json::Value>>,
-    /// The items this response was generated from, oldest first: earlier turns' inputs and
-    /// outputs and this turn's input (`GET /v1/responses/{id}/input_items`).
-    pub input_items: Arc<Vec<serde_json::Value>>,
+    /// The items this response was generated from: earlier turns' inputs and outputs and this
+    /// turn's input (`GET /v1/responses/{id}/input_items`).
+    pub input_items: Arc<ItemChain>,
     pub response: Arc<ResponseObject>,
     stored_at: Instant,
 }
@@ -44,7 +84,7 @@ impl ResponseStore {
         scope: &str,
         conversation_id: &str,
         messages: Vec<serde_json::Value>,
-        input_items: Vec<serde_json::Value>,
+        input_items: ItemChain,
         response: ResponseObject,
     ) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -98,5 +138,28 @@ impl ResponseStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_chain_lists_its_links_oldest_first_and_outlives_deleted_links() {
+        let first = Arc::new(ItemChain::new(None, vec![json!(1), json!(2)]));
+        let second = Arc::new(ItemChain::new(Some(first.clone()), vec![json!(3)]));
+        let branch = ItemChain::new(Some(first.clone()), vec![json!(4)]);
+        drop(first);
+        assert_eq!(second.items(), [&json!(1), &json!(2), &json!(3)]);
+        assert_eq!(branch.items(), [&json!(1), &json!(2), &json!(4)]);
+        // A very long chain drops without deep recursion.
+        let mut long = Arc::new(ItemChain::default());
+        for i in 0..200_000 {
+            long = Arc::new(ItemChain::new(Some(long), vec![json!(i)]));
+        }
+        assert_eq!(long.items().len(), 200_000);
+        drop(long);
     }
 }
