@@ -35,6 +35,7 @@ use builder::{assistant_message, new_item_id, Builder, Ending};
 use items::ToolMode;
 use serde_json::{json, Value};
 use std::future::Future;
+use std::sync::Arc;
 use store::ItemChain;
 use types::{ResponseEvent, ResponseObject, ResponsesRequest};
 
@@ -47,6 +48,9 @@ pub struct Job {
     pub conversation_id: String,
     /// The conversation so far (stored messages and the new input), without `instructions`.
     pub history: Vec<Value>,
+    /// The stored messages `history` continues (shared by the stored response, see
+    /// [`ItemChain`]).
+    pub earlier_messages: Option<Arc<ItemChain>>,
     /// The same as Responses items (what `input_items` lists).
     pub input_items: ItemChain,
     pub plan: Plan,
@@ -147,20 +151,23 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         .collect();
     let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
     let tool_names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let (conversation_id, mut history, earlier) = match &req.previous_response_id {
+    let (conversation_id, mut history, earlier, earlier_messages) = match &req.previous_response_id
+    {
         Some(prev) => {
             let entry = state
                 .responses
                 .get(scope, prev)
                 .ok_or_else(|| unknown_previous(prev))?;
+            let history = entry.messages.items().into_iter().cloned().collect();
             let earlier = (entry.input_items.clone(), entry.response.clone());
             (
                 entry.conversation_id.clone(),
-                (*entry.messages).clone(),
+                history,
                 Some(earlier),
+                Some(entry.messages.clone()),
             )
         }
-        None => (new_item_id("conv"), Vec::new(), None),
+        None => (new_item_id("conv"), Vec::new(), None, None),
     };
     // This turn's items: the previous response's output, then the new input.
     let mut new_items: Vec<Value> = earlier
@@ -245,6 +252,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         scope: scope.to_string(),
         conversation_id,
         history,
+        earlier_messages,
         input_items,
         plan,
         parse_tools: use_tools,
@@ -360,7 +368,7 @@ pub async fn run(
         state.responses.insert(
             &job.scope,
             &job.conversation_id,
-            messages,
+            ItemChain::extending(job.earlier_messages, messages),
             job.input_items,
             response.clone(),
         );

@@ -1,7 +1,9 @@
 //! Stored responses: what `previous_response_id` continues. Each entry keeps the whole
-//! conversation as chat messages (inputs and outputs, without `instructions`), the id of the
-//! conversation (which names the engine session holding its KV), and the final response object
-//! for `GET /v1/responses/{id}`. Entries are scoped by API key: another key's id is unknown.
+//! conversation as chat messages (inputs and outputs, without `instructions`) and as Responses
+//! items, both as [`ItemChain`]s that share the earlier turns with the responses they continue,
+//! the id of the conversation (which names the engine session holding its KV), and the final
+//! response object for `GET /v1/responses/{id}`. Entries are scoped by API key: another key's
+//! id is unknown.
 //!
 //! The map is only touched in short, non-async critical sections (never across an `.await`).
 //! Entries expire after a TTL (the session TTL in `serve`) and the oldest go first beyond a cap.
@@ -11,21 +13,46 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A conversation's items, oldest first, as a chain that shares the earlier turns' items with
-/// the stored responses it continues: each turn adds only its own (the previous response's
-/// output and the new input), so a long session's stored responses take memory linear in its
-/// length, not quadratic. A link outlives the response that made it (deleting a response does
-/// not cut its continuations' chains).
+/// A conversation's items (or chat messages), oldest first, as a chain that shares the earlier
+/// turns with the stored responses it continues: each turn adds a link holding only what it
+/// changed, so a long session's stored responses take memory linear in its length, not
+/// quadratic. A link outlives the response that made it (deleting a response does not cut its
+/// continuations' chains).
 #[derive(Debug, Default, Clone)]
 pub struct ItemChain {
     earlier: Option<Arc<ItemChain>>,
+    /// How many of the earlier chain's last items this link's `items` replace (a tool call
+    /// joining the assistant message it follows rewrites that message).
+    replaces: usize,
     items: Vec<serde_json::Value>,
 }
 
 impl ItemChain {
     /// `items` after `earlier`'s.
     pub fn new(earlier: Option<Arc<ItemChain>>, items: Vec<serde_json::Value>) -> Self {
-        Self { earlier, items }
+        Self {
+            earlier,
+            replaces: 0,
+            items,
+        }
+    }
+
+    /// The chain whose items are `whole`, sharing with `earlier` the items both start with.
+    pub fn extending(earlier: Option<Arc<ItemChain>>, mut whole: Vec<serde_json::Value>) -> Self {
+        let Some(earlier) = earlier else {
+            return Self::new(None, whole);
+        };
+        let shared = earlier.items();
+        let common = shared
+            .iter()
+            .zip(&whole)
+            .take_while(|(a, b)| **a == *b)
+            .count();
+        Self {
+            replaces: shared.len() - common,
+            items: whole.split_off(common),
+            earlier: Some(earlier),
+        }
     }
 
     /// Every item, oldest first.
@@ -34,7 +61,12 @@ impl ItemChain {
         while let Some(earlier) = links.last().and_then(|l| l.earlier.as_deref()) {
             links.push(earlier);
         }
-        links.iter().rev().flat_map(|l| &l.items).collect()
+        let mut items = Vec::new();
+        for link in links.iter().rev() {
+            items.truncate(items.len().saturating_sub(link.replaces));
+            items.extend(&link.items);
+        }
+        items
     }
 }
 
@@ -55,8 +87,8 @@ impl Drop for ItemChain {
 pub struct StoredResponse {
     pub scope: String,
     pub conversation_id: String,
-    /// The conversation up to and including this response's output.
-    pub messages: Arc<Vec<serde_json::Value>>,
+    /// The conversation as chat messages, up to and including this response's output.
+    pub messages: Arc<ItemChain>,
     /// The items this response was generated from: earlier turns' inputs and outputs and this
     /// turn's input (`GET /v1/responses/{id}/input_items`).
     pub input_items: Arc<ItemChain>,
@@ -83,7 +115,7 @@ impl ResponseStore {
         &self,
         scope: &str,
         conversation_id: &str,
-        messages: Vec<serde_json::Value>,
+        messages: ItemChain,
         input_items: ItemChain,
         response: ResponseObject,
     ) {
@@ -161,5 +193,36 @@ mod tests {
         }
         assert_eq!(long.items().len(), 200_000);
         drop(long);
+    }
+
+    #[test]
+    fn an_extending_link_keeps_only_what_changed() {
+        let first = Arc::new(ItemChain::extending(None, vec![json!("a"), json!("b")]));
+        let same_start = ItemChain::extending(
+            Some(first.clone()),
+            vec![json!("a"), json!("b"), json!("c")],
+        );
+        assert_eq!((same_start.replaces, same_start.items.len()), (0, 1));
+        assert_eq!(same_start.items(), [&json!("a"), &json!("b"), &json!("c")]);
+        // The last message rewritten (a tool call joined it), then one more.
+        let rewritten = Arc::new(ItemChain::extending(
+            Some(first.clone()),
+            vec![json!("a"), json!("b2"), json!("c")],
+        ));
+        assert_eq!((rewritten.replaces, rewritten.items.len()), (1, 2));
+        assert_eq!(rewritten.items(), [&json!("a"), &json!("b2"), &json!("c")]);
+        let next = ItemChain::extending(
+            Some(rewritten),
+            vec![json!("a"), json!("b2"), json!("c"), json!("d")],
+        );
+        assert_eq!(
+            next.items(),
+            [&json!("a"), &json!("b2"), &json!("c"), &json!("d")]
+        );
+        assert_eq!(
+            first.items(),
+            [&json!("a"), &json!("b")],
+            "the earlier chain unchanged"
+        );
     }
 }
