@@ -7,7 +7,7 @@ use super::super::auth::Authorized;
 use super::super::errors::ApiError;
 use super::super::types::ErrorResponse;
 use super::super::AppState;
-use super::not_stored;
+use super::stored;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -46,10 +46,7 @@ pub async fn list_input_items(
     query: web::Query<InputItemsQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let entry = state
-        .responses
-        .get(&auth.scope, &id)
-        .ok_or_else(|| not_stored(&id))?;
+    let entry = stored(&state, &auth.scope, &id)?;
     Ok(HttpResponse::Ok().json(page(&entry.input_items.items(), &query)?))
 }
 

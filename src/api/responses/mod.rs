@@ -454,11 +454,12 @@ pub async fn get_response(
     id: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let entry = state
-        .responses
-        .get(&auth.scope, &id)
-        .ok_or_else(|| not_stored(&id))?;
-    Ok(HttpResponse::Ok().json(&*entry.response))
+    Ok(HttpResponse::Ok().json(&*stored(&state, &auth.scope, &id)?.response))
+}
+
+/// The stored response `id` of `scope`, or the 404 an unknown one gets.
+fn stored(state: &AppState, scope: &str, id: &str) -> Result<store::StoredResponse, ApiError> {
+    state.responses.get(scope, id).ok_or_else(|| not_stored(id))
 }
 
 /// Deletes a stored response (its conversation's later responses keep working).
