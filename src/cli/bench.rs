@@ -192,6 +192,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             report["continuation_ms"] = (cont.as_secs_f64() * 1e3).into();
             report["fresh_prefill_ms"] = (fresh.as_secs_f64() * 1e3).into();
             report["continuation_over_fresh"] = (cont.as_secs_f64() / fresh.as_secs_f64()).into();
+            // As llama-bench's `pp N @ dD` reports it.
+            report["continuation_tok_s"] = (new as f64 / cont.as_secs_f64()).into();
         }
     }
     report["peak_rss_mib"] = peak_rss_bytes().map(|b| b as f64 / 1048576.0).into();
@@ -250,10 +252,11 @@ fn print_table(r: &serde_json::Value) {
     }
     if has("continuation_tokens") {
         println!(
-            "{} tok after {} ctx      {} ms vs fresh {} ms: {}x",
+            "{} tok after {} ctx      {} ms ({} tok/s) vs fresh {} ms: {}x",
             r["continuation_tokens"],
             r["long_context"],
             f("continuation_ms"),
+            f("continuation_tok_s"),
             f("fresh_prefill_ms"),
             f("continuation_over_fresh")
         );
