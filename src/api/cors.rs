@@ -42,11 +42,6 @@ impl AllowedOrigins {
         }
     }
 
-    /// Whether CORS lets no origin in.
-    pub fn is_off(&self) -> bool {
-        self.listed.is_empty() && !self.loopback
-    }
-
     /// Whether a page from `origin` may call the API.
     pub fn allows(&self, origin: &str) -> bool {
         self.allows_any()
@@ -188,7 +183,7 @@ mod tests {
     #[test]
     fn none_turns_cors_off_and_other_flags_add_to_the_default() {
         let off = listed(&["none"]);
-        assert!(off.is_off());
+        assert!(off.listed.is_empty() && !off.loopback);
         assert!(!off.allows("http://localhost:3000"));
         assert!(headers_for(&off, Some("http://127.0.0.1"), &Method::OPTIONS).is_empty());
         let added = listed(&["https://app.example"]);
