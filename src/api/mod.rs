@@ -15,7 +15,7 @@
 //! | `POST /v1/chat/completions/count` | [`tokens`]: count a chat's prompt tokens |
 //! | `POST /v1/completions` | [`completions`] |
 //! | `POST /v1/embeddings` | [`embeddings`]: pooled hidden states |
-//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` | [`responses`] |
+//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items` | [`responses`] |
 //! | `GET /v1/responses` (WebSocket upgrade) | [`ws`]: Responses WebSocket mode |
 //! | `GET /v1/stats` | [`stats`]: engine state as JSON (pool, scheduler, sessions) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
@@ -153,6 +153,8 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     /// Stored responses (`previous_response_id`), scoped by API key.
     pub responses: responses::store::ResponseStore,
+    /// Background responses still running.
+    pub background: responses::background::BackgroundRuns,
     engine: OnceLock<Engine>,
     detokenizer: OnceLock<Detokenizer>,
     /// Unix seconds at start (the model's `created`).
@@ -167,6 +169,7 @@ impl AppState {
                 config.response_ttl,
                 config.max_stored_responses,
             ),
+            background: Default::default(),
             config,
             metrics: metrics::Metrics::default(),
             engine: OnceLock::new(),
@@ -354,6 +357,11 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                             web::get().to(responses::get_response),
                             web::delete().to(responses::delete_response),
                         ],
+                    ))
+                    .service(endpoint(
+                        "/v1/responses/{id}/cancel",
+                        "POST",
+                        [web::post().to(responses::cancel_response)],
                     ))
                     .service(endpoint(
                         "/v1/responses/{id}/input_items",

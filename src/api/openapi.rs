@@ -31,6 +31,7 @@ use utoipa::{Modify, OpenApi};
         responses::create_response,
         responses::get_response,
         responses::delete_response,
+        responses::cancel_response,
         responses::input_items::list_input_items,
         ws::responses_socket,
         stats::stats,

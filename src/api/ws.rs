@@ -238,6 +238,14 @@ impl Connection {
         }
         let id = new_item_id("resp");
         let mut job = match responses::prepare(&self.state, &self.scope, &value, id.clone()) {
+            Ok(job) if job.template.background => {
+                let e = ApiError::invalid(
+                    Some("background"),
+                    "`background: true` is not served over the WebSocket: a response runs while \
+                     its connection is open; create background responses with `POST /v1/responses`",
+                );
+                return self.send_error(tag, e);
+            }
             Ok(job) => job,
             Err(e) => return self.send_error(tag, e),
         };

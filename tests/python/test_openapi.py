@@ -26,6 +26,7 @@ def test_openapi_document_is_valid_and_complete(server_url):
         ("GET", "/v1/responses"),
         ("GET", "/v1/responses/{id}"),
         ("DELETE", "/v1/responses/{id}"),
+        ("POST", "/v1/responses/{id}/cancel"),
         ("GET", "/v1/responses/{id}/input_items"),
         ("GET", "/v1/stats"),
         ("POST", "/tokenize"),

@@ -6,6 +6,7 @@ and `previous_response_id` continues the stored conversation (its KV reused).
 """
 
 import json
+import time
 
 import openai
 import pytest
@@ -130,3 +131,25 @@ def test_input_items_list_a_chain_through_the_sdk(client):
     assert [item.id for item in newest_first] == [item.id for item in reversed(items)]
     with pytest.raises(openai.NotFoundError):
         client.responses.input_items.list("resp_does_not_exist").data
+
+
+def test_background_responses_are_polled_and_cancelled_through_the_sdk(client):
+    created = create(client, background=True)
+    assert created.background and created.status == "in_progress"
+    # Polled as the SDK's users do, until it has ended (bounded).
+    for _ in range(6000):
+        done = client.responses.retrieve(created.id)
+        if done.status != "in_progress":
+            break
+        time.sleep(0.01)
+    assert done.status in ("completed", "incomplete")
+    assert done.output_text == create(client).output_text
+
+    long = create(client, background=True, max_output_tokens=3000, input="Write a long essay.")
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(long.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.cancel(create(client).id)
+    with pytest.raises(openai.BadRequestError, match="store"):
+        create(client, background=True, store=False)

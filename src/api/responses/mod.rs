@@ -1,6 +1,7 @@
-//! The Responses API: `POST /v1/responses` (streamed as SSE or not), `GET` / `DELETE
-//! /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` ([`input_items`]), and what the
-//! WebSocket mode ([`super::ws`]) shares with them.
+//! The Responses API: `POST /v1/responses` (streamed as SSE, answered when done, or run in the
+//! [`background`]), `GET` / `DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
+//! /v1/responses/{id}/input_items` ([`input_items`]), and what the WebSocket mode
+//! ([`super::ws`]) shares with them.
 //!
 //! A request becomes a [`Job`] ([`prepare`]): the stored conversation of `previous_response_id`
 //! (unknown or another key's → 400, never a silent restart) plus the new input items, rendered
@@ -10,6 +11,7 @@
 //! drives the engine's events through the [`builder::Builder`] and emits the standard events to
 //! whoever streams them (SSE, a WebSocket, or nobody for a plain JSON answer).
 
+pub mod background;
 pub mod builder;
 pub mod input_items;
 pub mod items;
@@ -122,6 +124,21 @@ fn unknown_previous(id: &str) -> ApiError {
     .with_code("previous_response_not_found")
 }
 
+/// A background response still running, or one that failed, cannot be continued: its
+/// conversation has no last turn yet (or never will).
+fn unfinished_previous(id: &str, status: &str) -> Result<(), ApiError> {
+    let message = match status {
+        "in_progress" | "queued" => format!(
+            "Previous response `{id}` is still in progress: continue it once it has ended \
+             (poll `GET /v1/responses/{id}`)."
+        ),
+        "failed" => format!("Previous response `{id}` failed: it has no output to continue from."),
+        _ => return Ok(()),
+    };
+    Err(ApiError::invalid(Some("previous_response_id"), message)
+        .with_code("previous_response_not_completed"))
+}
+
 /// Validates a request body (`value`, a JSON object) into a job with response id `id`.
 pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Result<Job, ApiError> {
     let req: ResponsesRequest = from_value(value)?;
@@ -158,6 +175,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
                 .responses
                 .get(scope, prev)
                 .ok_or_else(|| unknown_previous(prev))?;
+            unfinished_previous(prev, &entry.response.status)?;
             let history = entry.messages.items().into_iter().cloned().collect();
             let earlier = (entry.input_items.clone(), entry.response.clone());
             (
@@ -214,6 +232,14 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         tools: render_tools.then(|| Value::Array(tools)),
     };
     let store = req.store.unwrap_or(true);
+    let background = req.background == Some(true);
+    if background && !store {
+        return Err(ApiError::invalid(
+            Some("background"),
+            "`background: true` needs `store: true`: a background response is read back with \
+             `GET /v1/responses/{id}`",
+        ));
+    }
     let session = store.then(|| session_of(scope, &conversation_id));
     let mut plan = generate::plan(&params, prompt, false, 0, session)?;
     let format = req.text.as_ref().and_then(|t| t.get("format")).cloned();
@@ -236,6 +262,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         previous_response_id: req.previous_response_id.clone(),
         store,
+        background,
         temperature: Some(plan.sampling.temperature),
         tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         tools: raw_tools,
@@ -403,8 +430,18 @@ pub async fn create_response(
     let value = read_json_object(&req, payload, state.config.max_body).await?;
     let mut job = prepare(&state, &auth.scope, &value, new_item_id("resp"))?;
     let streamed = value.get("stream").and_then(Value::as_bool) == Some(true);
+    if streamed && job.template.background {
+        return Err(ApiError::invalid(
+            Some("stream"),
+            "`stream: true` with `background: true` is not served: create the background \
+             response without `stream` and poll `GET /v1/responses/{id}`",
+        ));
+    }
     let engine = state.engine()?;
     let events = submit(engine, &mut job).await?;
+    if job.template.background {
+        return Ok(HttpResponse::Ok().json(background::start(state.clone(), job, events)));
+    }
     let peer = Peer::of(&req);
     if streamed {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -457,6 +494,22 @@ pub async fn get_response(
     Ok(HttpResponse::Ok().json(&*stored(&state, &auth.scope, &id)?.response))
 }
 
+/// Cancels a background response.
+#[utoipa::path(post, path = "/v1/responses/{id}/cancel", params(("id" = String, Path)), responses(
+    (status = 200, description = "The response as it ended (`cancelled`, or as it had already ended)", body = ResponseObject),
+    (status = 400, description = "The response was not created with `background: true`", body = ErrorResponse),
+    (status = 401, body = ErrorResponse),
+    (status = 404, body = ErrorResponse),
+))]
+pub async fn cancel_response(
+    auth: Authorized,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let response = background::cancel(&state, &auth.scope, &id).await?;
+    Ok(HttpResponse::Ok().json(&*response))
+}
+
 /// The stored response `id` of `scope`, or the 404 an unknown one gets.
 fn stored(state: &AppState, scope: &str, id: &str) -> Result<store::StoredResponse, ApiError> {
     state.responses.get(scope, id).ok_or_else(|| not_stored(id))
@@ -473,6 +526,8 @@ pub async fn delete_response(
     id: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    // A background response still running is stopped first (its end would store it again).
+    state.background.stop(&auth.scope, &id).await;
     if !state.responses.remove(&auth.scope, &id) {
         return Err(not_stored(&id));
     }

@@ -30,6 +30,9 @@ pub struct ResponsesRequest {
     /// Keep the response so `previous_response_id` can continue it (default true).
     pub store: Option<bool>,
     pub stream: Option<bool>,
+    /// Answer at once with the response `in_progress` and run it without the client: poll
+    /// `GET /v1/responses/{id}`, stop it with `POST /v1/responses/{id}/cancel` (needs `store`).
+    pub background: Option<bool>,
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Value>,
     /// `{"format": {"type": "text" | "json_object" | "json_schema", "name": …, "schema": {…}}}`:
@@ -63,6 +66,9 @@ pub struct ResponseObject {
     pub parallel_tool_calls: bool,
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// Created with `background: true` (runs without the client; can be cancelled).
+    #[serde(default)]
+    pub background: bool,
     pub temperature: Option<f32>,
     #[schema(value_type = Object)]
     pub tool_choice: Value,

@@ -1,0 +1,138 @@
+//! Background responses (`background: true`): `POST /v1/responses` answers at once with the
+//! response `in_progress`, the run goes on without the client, and `GET /v1/responses/{id}`
+//! shows it until it ends (`completed`, `incomplete`, `failed` or `cancelled`);
+//! `POST /v1/responses/{id}/cancel` stops it.
+//!
+//! While it runs, the store holds the response as created (so `GET` and `input_items` answer,
+//! and a continuation is refused with a clear error rather than started from half a turn), and
+//! [`BackgroundRuns`] holds what stops it and what tells its end. The run replaces the entry
+//! with the final response, failed ones included, and leaves the registry.
+
+use super::store::ItemChain;
+use super::types::ResponseObject;
+use super::{not_stored, run, Job};
+use crate::api::errors::ApiError;
+use crate::api::AppState;
+use crate::engine::EventStream;
+use actix_web::web;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{oneshot, watch};
+
+/// What stops a running background response and tells when it has ended.
+struct Running {
+    scope: String,
+    stop: Option<oneshot::Sender<()>>,
+    ended: watch::Receiver<bool>,
+}
+
+/// The background responses still running, by id.
+#[derive(Default)]
+pub struct BackgroundRuns {
+    runs: Mutex<HashMap<String, Running>>,
+}
+
+impl BackgroundRuns {
+    /// How many are running.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the run `id` of `scope` to stop and waits for its end; whether one was running.
+    pub async fn stop(&self, scope: &str, id: &str) -> bool {
+        let ended = {
+            let mut runs = self.lock();
+            let Some(run) = runs.get_mut(id).filter(|r| r.scope == scope) else {
+                return false;
+            };
+            if let Some(stop) = run.stop.take() {
+                let _ = stop.send(());
+            }
+            run.ended.clone()
+        };
+        let mut ended = ended;
+        // (An error means the run's task is gone: it has ended too.)
+        let _ = ended.wait_for(|&done| done).await;
+        true
+    }
+}
+
+/// Starts `job` (submitted as `events`) in the background; returns the response as created.
+pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> ResponseObject {
+    let mut created = job.template.clone();
+    created.conversation = Some(serde_json::json!({ "id": job.conversation_id }));
+    state.responses.insert(
+        &job.scope,
+        &job.conversation_id,
+        ItemChain::default(),
+        job.input_items.clone(),
+        created.clone(),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (ended_tx, ended) = watch::channel(false);
+    state.background.lock().insert(
+        job.id.clone(),
+        Running {
+            scope: job.scope.clone(),
+            stop: Some(stop),
+            ended,
+        },
+    );
+    let (scope, conversation_id, input_items) = (
+        job.scope.clone(),
+        job.conversation_id.clone(),
+        job.input_items.clone(),
+    );
+    actix_rt::spawn(async move {
+        let stop = async move {
+            // A dropped sender is no request to stop.
+            if stopped.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let id = job.id.clone();
+        let response = run(job, events, state.clone(), stop, |_| true).await;
+        // `run` stores what it finished; a failure is stored here, for whoever polls.
+        if let Some(response) = response.filter(|r| r.status == "failed") {
+            let (messages, items) = (ItemChain::default(), input_items);
+            state
+                .responses
+                .insert(&scope, &conversation_id, messages, items, response);
+        }
+        state.background.lock().remove(&id);
+        let _ = ended_tx.send(true);
+    });
+    created
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a running background response and answers the
+/// response as it ended; a background response that already ended is answered as it is.
+pub async fn cancel(
+    state: &AppState,
+    scope: &str,
+    id: &str,
+) -> Result<Arc<ResponseObject>, ApiError> {
+    state.background.stop(scope, id).await;
+    let stored = state
+        .responses
+        .get(scope, id)
+        .ok_or_else(|| not_stored(id))?;
+    if !stored.response.background {
+        return Err(ApiError::invalid(
+            Some("response_id"),
+            format!(
+                "Response `{id}` was not created with `background: true`: only background \
+                 responses can be cancelled."
+            ),
+        ));
+    }
+    Ok(stored.response)
+}
