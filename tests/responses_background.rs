@@ -6,7 +6,7 @@
 #[path = "fixtures/api/client.rs"]
 mod client;
 
-use client::{ban_specials, client, get, post, send, Reply};
+use client::{ban_specials, client, get, post, send, wait_idle, Reply};
 use mtpx::api::responses::types::ResponseObject;
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::config::KvMemory;
@@ -55,21 +55,6 @@ async fn poll_until_ended(s: &TestServer, id: &str) -> ResponseObject {
         }
         assert!(Instant::now() < deadline, "{id} still in progress");
         actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn wait_idle(s: &TestServer) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let st = s.engine().scheduler_stats().await;
-        if st.num_running == 0 && st.num_waiting == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the engine did not go idle: {st:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

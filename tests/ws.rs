@@ -5,7 +5,7 @@
 #[path = "fixtures/api/client.rs"]
 mod client;
 
-use client::{ban_specials, get, get_with, post, post_with};
+use client::{ban_specials, get, get_with, post, post_with, wait_idle};
 use mtpx::api::responses::types::{ResponseEvent, ResponseObject};
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::api::ApiConfig;
@@ -90,21 +90,6 @@ fn assert_prefilled_only_new(prev_input: usize, response: &ResponseObject) {
         "prefilled {} for {new_tokens} new tokens: {u:?}",
         u.input_tokens - cached
     );
-}
-
-async fn wait_idle(s: &TestServer) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let st = s.engine().scheduler_stats().await;
-        if st.num_running == 0 && st.num_waiting == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the engine did not go idle: {st:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[actix_rt::test]
