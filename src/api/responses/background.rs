@@ -6,7 +6,8 @@
 //! While it runs, the store holds the response as created (so `GET` and `input_items` answer,
 //! and a continuation is refused with a clear error rather than started from half a turn), and
 //! [`BackgroundRuns`] holds what stops it and what tells its end. The run replaces the entry
-//! with the final response, failed ones included, and leaves the registry.
+//! with the final response, failed ones included (`run` stores those for background jobs), and
+//! leaves the registry.
 
 use super::store::ItemChain;
 use super::types::ResponseObject;
@@ -33,13 +34,9 @@ pub struct BackgroundRuns {
 }
 
 impl BackgroundRuns {
-    /// How many are running.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
+    /// Whether none is running.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.lock().is_empty()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
@@ -48,7 +45,7 @@ impl BackgroundRuns {
 
     /// Asks the run `id` of `scope` to stop and waits for its end; whether one was running.
     pub async fn stop(&self, scope: &str, id: &str) -> bool {
-        let ended = {
+        let mut ended = {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(id).filter(|r| r.scope == scope) else {
                 return false;
@@ -58,7 +55,6 @@ impl BackgroundRuns {
             }
             run.ended.clone()
         };
-        let mut ended = ended;
         // (An error means the run's task is gone: it has ended too.)
         let _ = ended.wait_for(|&done| done).await;
         true
@@ -67,8 +63,7 @@ impl BackgroundRuns {
 
 /// Starts `job` (submitted as `events`) in the background; returns the response as created.
 pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> ResponseObject {
-    let mut created = job.template.clone();
-    created.conversation = Some(serde_json::json!({ "id": job.conversation_id }));
+    let created = job.created();
     state.responses.insert(
         &job.scope,
         &job.conversation_id,
@@ -86,11 +81,6 @@ pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> Respo
             ended,
         },
     );
-    let (scope, conversation_id, input_items) = (
-        job.scope.clone(),
-        job.conversation_id.clone(),
-        job.input_items.clone(),
-    );
     actix_rt::spawn(async move {
         let stop = async move {
             // A dropped sender is no request to stop.
@@ -99,14 +89,7 @@ pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> Respo
             }
         };
         let id = job.id.clone();
-        let response = run(job, events, state.clone(), stop, |_| true).await;
-        // `run` stores what it finished; a failure is stored here, for whoever polls.
-        if let Some(response) = response.filter(|r| r.status == "failed") {
-            let (messages, items) = (ItemChain::default(), input_items);
-            state
-                .responses
-                .insert(&scope, &conversation_id, messages, items, response);
-        }
+        run(job, events, state.clone(), stop, |_| true).await;
         state.background.lock().remove(&id);
         let _ = ended_tx.send(true);
     });

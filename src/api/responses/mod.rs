@@ -67,6 +67,17 @@ pub struct Job {
     pub template: ResponseObject,
 }
 
+impl Job {
+    /// The response object as created (naming its conversation when stored).
+    pub fn created(&self) -> ResponseObject {
+        let mut created = self.template.clone();
+        if self.store {
+            created.conversation = Some(json!({ "id": self.conversation_id }));
+        }
+        created
+    }
+}
+
 fn session_of(scope: &str, conversation_id: &str) -> SessionKey {
     SessionKey {
         scope: scope.to_string(),
@@ -319,7 +330,8 @@ pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiEr
 /// Streams a submitted job to its end: events go to `emit` (which returns `false` once its
 /// receiver is gone: the run stops and dropping the engine stream cancels the request);
 /// `cancel` resolving stops it with status `cancelled`. A finished response is stored (when
-/// `store`) before its terminal event is emitted, so a client may continue from it at once.
+/// `store`) before its terminal event is emitted, so a client may continue from it at once; a
+/// failed one only in the [`background`], where a client polls for it (and cannot continue it).
 pub async fn run(
     job: Job,
     mut stream: EventStream,
@@ -327,10 +339,7 @@ pub async fn run(
     cancel: impl Future<Output = ()>,
     mut emit: impl FnMut(ResponseEvent) -> bool,
 ) -> Option<ResponseObject> {
-    let mut template = job.template.clone();
-    if job.store {
-        template.conversation = Some(json!({ "id": job.conversation_id }));
-    }
+    let template = job.created();
     let parser = ToolCallParser::new(job.parse_tools, job.single_call)
         .with_tool_names(job.tool_names.clone());
     let mut builder = Builder::new(template, parser);
@@ -389,7 +398,7 @@ pub async fn run(
     }
     let failed = matches!(ending, Ending::Failed(_));
     let (events, response) = builder.finish(ending, usage);
-    if job.store && !failed {
+    if job.store && (!failed || job.template.background) {
         let mut messages = job.history;
         messages.push(assistant_message(&response));
         state.responses.insert(
