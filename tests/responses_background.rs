@@ -1,12 +1,16 @@
 //! Background responses on the generated test model over real HTTP: `background: true` answers
 //! at once, the run finishes without the client and is read back with `GET`, `cancel` stops it
-//! and frees its pages, and what cannot work (no `store`, `stream`, continuing a response that
-//! has not ended, cancelling a foreground one) gets a precise error.
+//! and frees its pages; with `stream: true` its events outlive the creating stream and are
+//! streamed again from any sequence number; and what cannot work (no `store`, streaming a
+//! response that kept no events, continuing a response that has not ended, cancelling a
+//! foreground one) gets a precise error.
 
 #[path = "fixtures/api/client.rs"]
 mod client;
 
+use actix_web::web::Bytes;
 use client::{ban_specials, client, get, post, send, wait_idle, Reply};
+use futures::{Stream, StreamExt};
 use mtpx::api::responses::types::ResponseObject;
 use mtpx::api::testing::{test_config, TestServer};
 use mtpx::config::KvMemory;
@@ -56,6 +60,39 @@ async fn poll_until_ended(s: &TestServer, id: &str) -> ResponseObject {
         assert!(Instant::now() < deadline, "{id} still in progress");
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Reads SSE events from `body` until one satisfies `stop` (included) or the body ends; what
+/// follows stays unread.
+async fn events_until<S, E>(body: &mut S, stop: impl Fn(&Value) -> bool) -> Vec<Value>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Debug,
+{
+    let (mut text, mut events) = (String::new(), Vec::new());
+    while let Some(chunk) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk.expect("reading the stream")).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let frame: String = text.drain(..end + 2).collect();
+            let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                continue; // a keep-alive comment
+            };
+            let event: Value = serde_json::from_str(data).unwrap();
+            let done = stop(&event);
+            events.push(event);
+            if done {
+                return events;
+            }
+        }
+    }
+    events
+}
+
+fn streamed(b: &Value) -> Value {
+    let mut b = b.clone();
+    b["background"] = json!(true);
+    b["stream"] = json!(true);
+    b
 }
 
 fn error_of(reply: &Reply, status: u16) -> Value {
@@ -169,12 +206,31 @@ async fn what_background_mode_cannot_do_gets_a_precise_error() {
     b["store"] = json!(false);
     let e = error_of(&post(&s.at("/v1/responses"), &b).await, 400);
     assert_eq!(e["param"], "background");
-    b["store"] = json!(true);
-    b["stream"] = json!(true);
-    let e = error_of(&post(&s.at("/v1/responses"), &b).await, 400);
-    assert_eq!(e["param"], "stream");
 
+    // Streaming again needs a background response created with `stream: true`.
     let foreground = response(&post(&s.at("/v1/responses"), &body("hi", 4)).await);
+    b["store"] = json!(true);
+    let quiet = response(&post(&s.at("/v1/responses"), &b).await);
+    let again = |id: &str| s.at(&format!("/v1/responses/{id}?stream=true"));
+    let e = error_of(&get(&again(&foreground.id)).await, 400);
+    assert_eq!(e["param"], "stream");
+    assert!(e["message"].as_str().unwrap().contains("background"), "{e}");
+    let e = error_of(&get(&again(&quiet.id)).await, 400);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("without `stream: true`"),
+        "{e}"
+    );
+    let e = error_of(&get(&again("resp_unknown")).await, 404);
+    assert_eq!(e["code"], "response_not_found");
+    let e = error_of(
+        &get(&s.at(&format!("/v1/responses/{}?stream=maybe", quiet.id))).await,
+        400,
+    );
+    assert!(e["message"].is_string(), "{e}");
+
     let cancel = |id: &str| s.at(&format!("/v1/responses/{id}/cancel"));
     let e = error_of(&post(&cancel(&foreground.id), &json!({})).await, 400);
     assert!(e["message"].as_str().unwrap().contains("background"), "{e}");
@@ -185,4 +241,104 @@ async fn what_background_mode_cannot_do_gets_a_precise_error() {
         post(&s.at("/v1/responses"), &body("hi", 2)).await.status,
         200
     );
+}
+
+#[actix_rt::test]
+async fn a_streamed_background_response_outlives_its_stream_and_streams_again_from_any_event() {
+    let s = server();
+    let b = body("Fix main.rs.", 40);
+    let foreground = response(&post(&s.at("/v1/responses"), &b).await);
+
+    let mut res = client()
+        .post(s.at("/v1/responses"))
+        .send_json(&streamed(&b))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let first = events_until(&mut res, |e| e["sequence_number"] == 5).await;
+    drop(res); // The client hangs up; the run goes on.
+    assert_eq!(first[0]["type"], "response.created");
+    assert_eq!(first[0]["response"]["background"], true);
+    let id = first[0]["response"]["id"].as_str().unwrap().to_string();
+    let url = s.at(&format!("/v1/responses/{id}?stream=true"));
+    // Streamed again from the event after the last one it got (while it runs, or after).
+    let rest = get(&format!("{url}&starting_after=5")).await;
+    assert_eq!(rest.status, 200, "{}", rest.text());
+    assert_eq!(
+        rest.header("content-type").as_deref(),
+        Some("text/event-stream")
+    );
+    let rest = rest.events();
+
+    let done = poll_until_ended(&s, &id).await;
+    let all = get(&url).await.events();
+    for (n, e) in all.iter().enumerate() {
+        assert_eq!(e["sequence_number"], n, "numbered without gaps: {e}");
+    }
+    assert_eq!(all[..6], first[..], "the same events as the first stream");
+    assert_eq!(all[6..], rest[..], "and the same after the resumption");
+    // Ending with the stored response, whose text is the foreground one (greedy).
+    let last: ResponseObject =
+        serde_json::from_value(all.last().unwrap()["response"].clone()).unwrap();
+    assert_eq!(last, done);
+    assert_eq!(done.output_text(), foreground.output_text());
+    let deltas: String = all
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, done.output_text());
+
+    // From the last event on there is nothing more; past it is an error.
+    let n = all.len() - 1;
+    assert!(get(&format!("{url}&starting_after={n}"))
+        .await
+        .events()
+        .is_empty());
+    let e = error_of(&get(&format!("{url}&starting_after={}", n + 1)).await, 400);
+    assert_eq!(e["param"], "starting_after");
+    // Deleted with its response.
+    assert_eq!(
+        delete(&s.at(&format!("/v1/responses/{id}"))).await.status,
+        200
+    );
+    assert_eq!(get(&url).await.status, 404);
+    wait_idle(&s).await;
+    assert!(s.state.background.is_empty());
+}
+
+#[actix_rt::test]
+async fn cancelling_a_streamed_background_response_ends_its_streams() {
+    let s = server();
+    let b = streamed(&body("Write a long essay.", 3000));
+    let mut res = client()
+        .post(s.at("/v1/responses"))
+        .send_json(&b)
+        .await
+        .unwrap();
+    let first = events_until(&mut res, |e| e["sequence_number"] == 3).await;
+    let id = first[0]["response"]["id"].as_str().unwrap().to_string();
+    // A second reader from the start, following it live.
+    let mut follower = client()
+        .get(s.at(&format!("/v1/responses/{id}?stream=true")))
+        .send()
+        .await
+        .unwrap();
+    let cancelled = response(&post(&s.at(&format!("/v1/responses/{id}/cancel")), &json!({})).await);
+    assert_eq!(cancelled.status, "cancelled");
+    // Both streams end, with the cancelled response last.
+    let rest = events_until(&mut res, |_| false).await;
+    let all = events_until(&mut follower, |_| false).await;
+    assert_eq!(all[..4], first[..]);
+    assert_eq!(all[4..], rest[..]);
+    let last = all.last().unwrap();
+    assert_eq!(last["type"], "response.cancelled", "{last}");
+    let last: ResponseObject = serde_json::from_value(last["response"].clone()).unwrap();
+    assert_eq!(last, cancelled);
+
+    wait_idle(&s).await;
+    assert!(s.engine().scheduler_stats().await.tokens_generated < 3000);
+    s.engine().clear_caches().await;
+    assert_eq!(s.engine().pool_stats().await.num_used, 0, "pages freed");
+    assert!(s.state.background.is_empty());
 }

@@ -153,3 +153,41 @@ def test_background_responses_are_polled_and_cancelled_through_the_sdk(client):
         client.responses.cancel(create(client).id)
     with pytest.raises(openai.BadRequestError, match="store"):
         create(client, background=True, store=False)
+
+
+def test_a_background_stream_resumes_through_the_sdk(client):
+    # The SDK's own example: stream a background response, stop reading, pick it up later.
+    args = dict(
+        model=MODEL,
+        input="Write a haiku about pages.",
+        temperature=0,
+        max_output_tokens=30,
+        extra_body={"logit_bias": BAN_SPECIALS},
+    )
+    with client.responses.stream(background=True, **args) as stream:
+        for event in stream:
+            if event.type == "response.created":
+                rid = event.response.id
+                assert event.response.background
+            if event.sequence_number == 4:
+                break
+    with client.responses.stream(response_id=rid, starting_after=4) as stream:
+        events = list(stream)
+    numbers = [event.sequence_number for event in events]
+    assert numbers == list(range(5, 5 + len(numbers)))
+    stored = client.responses.retrieve(rid)
+    # (The test model runs to `max_output_tokens`: the stream ends `response.incomplete`, which
+    # the SDK's `get_final_response` does not take.)
+    assert stored.status == "incomplete"
+    final = events[-1]
+    assert final.type == "response.incomplete"
+    assert final.response.id == rid and final.response.output_text == stored.output_text
+    assert stored.output_text == client.responses.create(**args).output_text
+    # The raw retrieval with `starting_after` sends only what follows it.
+    raw = list(client.responses.retrieve(rid, stream=True, starting_after=2))
+    assert [e.sequence_number for e in raw] == list(range(3, 5 + len(numbers)))
+    assert raw[-1].response.output_text == stored.output_text
+    with pytest.raises(openai.BadRequestError, match="starting_after"):
+        list(client.responses.retrieve(rid, stream=True, starting_after=10_000))
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        list(client.responses.retrieve(create(client).id, stream=True))

@@ -8,10 +8,16 @@
 //! [`BackgroundRuns`] holds what stops it and what tells its end. The run replaces the entry
 //! with the final response, failed ones included (`run` stores those for background jobs), and
 //! leaves the registry.
+//!
+//! Created with `stream: true` as well, a background response keeps its events ([`EventLog`]):
+//! the creating request streams them, and a client that lost that stream (or never had it)
+//! streams them again from any point with `GET /v1/responses/{id}?stream=true&starting_after=N`
+//! ([`stream_stored`]), while the run goes on and after it has ended.
 
-use super::store::ItemChain;
+use super::event_log::{EndOnDrop, EventLog};
+use super::store::{ItemChain, StoredResponse};
 use super::types::ResponseObject;
-use super::{not_stored, run, Job};
+use super::{not_stored, run, sse_event, Job};
 use crate::api::errors::ApiError;
 use crate::api::AppState;
 use crate::engine::EventStream;
@@ -61,8 +67,14 @@ impl BackgroundRuns {
     }
 }
 
-/// Starts `job` (submitted as `events`) in the background; returns the response as created.
-pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> ResponseObject {
+/// Starts `job` (submitted as `events`) in the background; returns the response as created
+/// and, when `streamed`, the log its events go to.
+pub fn start(
+    state: web::Data<AppState>,
+    job: Job,
+    events: EventStream,
+    streamed: bool,
+) -> (ResponseObject, Option<Arc<EventLog>>) {
     let created = job.created();
     state.responses.insert(
         &job.scope,
@@ -71,6 +83,10 @@ pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> Respo
         job.input_items.clone(),
         created.clone(),
     );
+    let log = streamed.then(EventLog::new);
+    if let Some(log) = &log {
+        state.responses.attach_events(&job.id, log.clone());
+    }
     let (stop, stopped) = oneshot::channel::<()>();
     let (ended_tx, ended) = watch::channel(false);
     state.background.lock().insert(
@@ -81,7 +97,9 @@ pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> Respo
             ended,
         },
     );
+    let task_log = log.clone();
     actix_rt::spawn(async move {
+        let _end = task_log.clone().map(EndOnDrop);
         let stop = async move {
             // A dropped sender is no request to stop.
             if stopped.await.is_err() {
@@ -89,11 +107,60 @@ pub fn start(state: web::Data<AppState>, job: Job, events: EventStream) -> Respo
             }
         };
         let id = job.id.clone();
-        run(job, events, state.clone(), stop, |_| true).await;
+        run(job, events, state.clone(), stop, |e| {
+            if let Some(log) = &task_log {
+                log.push(sse_event(&e));
+            }
+            true
+        })
+        .await;
         state.background.lock().remove(&id);
         let _ = ended_tx.send(true);
     });
-    created
+    (created, log)
+}
+
+/// The events of the stored background response `stored` after sequence number
+/// `starting_after` (all without it), as they come until its run ends; errors name what
+/// cannot be streamed.
+pub fn stream_stored(
+    stored: &StoredResponse,
+    starting_after: Option<u64>,
+) -> Result<impl futures::Stream<Item = actix_web::web::Bytes> + Unpin, ApiError> {
+    let id = &stored.response.id;
+    let Some(log) = stored.events.clone() else {
+        let how = if stored.response.background {
+            "was created without `stream: true`"
+        } else {
+            "was not created with `background: true`"
+        };
+        return Err(ApiError::invalid(
+            Some("stream"),
+            format!(
+                "Response `{id}` {how}: only background responses created with `stream: true` \
+                 can be streamed again. Read it with `GET /v1/responses/{id}` instead."
+            ),
+        ));
+    };
+    let from = match starting_after {
+        None => 0,
+        Some(n) => {
+            let (frames, ended) = log.state();
+            let from = usize::try_from(n).unwrap_or(usize::MAX).saturating_add(1);
+            if ended && from > frames {
+                return Err(ApiError::invalid(
+                    Some("starting_after"),
+                    format!(
+                        "Response `{id}` has events 0 to {} (it has ended): `starting_after` \
+                         {n} is past its last one.",
+                        frames.saturating_sub(1)
+                    ),
+                ));
+            }
+            from
+        }
+    };
+    Ok(log.follow(from))
 }
 
 /// `POST /v1/responses/{id}/cancel`: stops a running background response and answers the

@@ -13,6 +13,7 @@
 
 pub mod background;
 pub mod builder;
+pub mod event_log;
 pub mod input_items;
 pub mod items;
 pub mod store;
@@ -439,19 +440,17 @@ pub async fn create_response(
     let value = read_json_object(&req, payload, state.config.max_body).await?;
     let mut job = prepare(&state, &auth.scope, &value, new_item_id("resp"))?;
     let streamed = value.get("stream").and_then(Value::as_bool) == Some(true);
-    if streamed && job.template.background {
-        return Err(ApiError::invalid(
-            Some("stream"),
-            "`stream: true` with `background: true` is not served: create the background \
-             response without `stream` and poll `GET /v1/responses/{id}`",
-        ));
-    }
     let engine = state.engine()?;
     let events = submit(engine, &mut job).await?;
-    if job.template.background {
-        return Ok(HttpResponse::Ok().json(background::start(state.clone(), job, events)));
-    }
     let peer = Peer::of(&req);
+    if job.template.background {
+        let (created, log) = background::start(state.clone(), job, events, streamed);
+        return Ok(match log {
+            // The run goes on when this client hangs up; it can stream the rest again.
+            Some(log) => sse::response(log.follow(0), state.config.keep_alive, peer),
+            None => HttpResponse::Ok().json(created),
+        });
+    }
     if streamed {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // The body ends when the client hangs up (`sse::response`), dropping `rx`: the run is
@@ -490,17 +489,40 @@ fn not_stored(id: &str) -> ApiError {
 }
 
 /// A stored response.
-#[utoipa::path(get, path = "/v1/responses/{id}", params(("id" = String, Path)), responses(
-    (status = 200, body = ResponseObject),
+#[utoipa::path(get, path = "/v1/responses/{id}", params(("id" = String, Path), RetrieveQuery), responses(
+    (status = 200, description = "The response object, or with `stream=true` a `text/event-stream` of its `ResponseEvent`s", body = ResponseObject),
+    (status = 400, description = "`stream=true` for a response not created with `background` and `stream`, or `starting_after` past its last event", body = ErrorResponse),
     (status = 401, body = ErrorResponse),
     (status = 404, body = ErrorResponse),
 ))]
 pub async fn get_response(
     auth: Authorized,
+    req: HttpRequest,
     id: web::Path<String>,
+    query: web::Query<RetrieveQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(&*stored(&state, &auth.scope, &id)?.response))
+    let stored = stored(&state, &auth.scope, &id)?;
+    if query.stream != Some(true) {
+        return Ok(HttpResponse::Ok().json(&*stored.response));
+    }
+    let frames = background::stream_stored(&stored, query.starting_after)?;
+    Ok(sse::response(
+        frames,
+        state.config.keep_alive,
+        Peer::of(&req),
+    ))
+}
+
+/// `GET /v1/responses/{id}`'s query: with `stream=true` a background response created with
+/// `stream: true` is streamed again, from the event after `starting_after` (a sequence
+/// number) or from its first, and followed to its end. (`include` is accepted and ignored:
+/// every field is always included.)
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RetrieveQuery {
+    pub stream: Option<bool>,
+    pub starting_after: Option<u64>,
 }
 
 /// Cancels a background response.

@@ -8,6 +8,7 @@
 //! The map is only touched in short, non-async critical sections (never across an `.await`).
 //! Entries expire after a TTL (the session TTL in `serve`) and the oldest go first beyond a cap.
 
+use super::event_log::EventLog;
 use super::types::ResponseObject;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,8 @@ pub struct StoredResponse {
     /// turn's input (`GET /v1/responses/{id}/input_items`).
     pub input_items: Arc<ItemChain>,
     pub response: Arc<ResponseObject>,
+    /// The events of a background response created with `stream: true` ([`EventLog`]).
+    pub events: Option<Arc<EventLog>>,
     stored_at: Instant,
 }
 
@@ -111,6 +114,8 @@ impl ResponseStore {
         }
     }
 
+    /// Stores `response` under its id. An entry it replaces (a background response's, as
+    /// created, replaced by its end) passes on its event log.
     pub fn insert(
         &self,
         scope: &str,
@@ -120,6 +125,7 @@ impl ResponseStore {
         response: ResponseObject,
     ) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let events = entries.get(&response.id).and_then(|e| e.events.clone());
         let ttl = self.ttl;
         entries.retain(|_, e| e.stored_at.elapsed() < ttl);
         while entries.len() >= self.max_entries {
@@ -140,6 +146,7 @@ impl ResponseStore {
                 messages: Arc::new(messages),
                 input_items: Arc::new(input_items),
                 response: Arc::new(response),
+                events,
                 stored_at: Instant::now(),
             },
         );
@@ -152,6 +159,14 @@ impl ResponseStore {
             .get(id)
             .filter(|e| e.scope == scope && e.stored_at.elapsed() < self.ttl)
             .cloned()
+    }
+
+    /// Keeps `events` with the stored response `id`.
+    pub fn attach_events(&self, id: &str, events: Arc<EventLog>) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = entries.get_mut(id) {
+            entry.events = Some(events);
+        }
     }
 
     /// Deletes `id` when it belongs to `scope`; whether it did.
