@@ -15,7 +15,7 @@
 //! ([`stream_stored`]), while the run goes on and after it has ended.
 
 use super::event_log::{EndOnDrop, EventLog};
-use super::store::{ItemChain, StoredResponse};
+use super::store::{ItemChain, StoredResponse, EVENT_LOG_BUDGET};
 use super::types::ResponseObject;
 use super::{not_stored, run, sse_event, Job};
 use crate::api::errors::ApiError;
@@ -129,6 +129,17 @@ pub fn stream_stored(
 ) -> Result<impl futures::Stream<Item = actix_web::web::Bytes> + Unpin, ApiError> {
     let id = &stored.response.id;
     let Some(log) = stored.events.clone() else {
+        if stored.events_dropped {
+            return Err(ApiError::invalid(
+                Some("stream"),
+                format!(
+                    "The events of response `{id}` are no longer kept (the server keeps the \
+                     newest {} MiB of finished background streams). Read it with `GET \
+                     /v1/responses/{id}` instead.",
+                    EVENT_LOG_BUDGET >> 20
+                ),
+            ));
+        }
         let how = if stored.response.background {
             "was created without `stream: true`"
         } else {

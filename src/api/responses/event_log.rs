@@ -11,6 +11,7 @@
 
 use actix_web::web::Bytes;
 use futures::Stream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
@@ -24,6 +25,7 @@ struct Progress {
 #[derive(Debug)]
 pub struct EventLog {
     frames: Mutex<Vec<Bytes>>,
+    bytes: AtomicUsize,
     progress: watch::Sender<Progress>,
 }
 
@@ -31,6 +33,7 @@ impl EventLog {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             frames: Mutex::new(Vec::new()),
+            bytes: AtomicUsize::new(0),
             progress: watch::Sender::new(Progress::default()),
         })
     }
@@ -41,6 +44,7 @@ impl EventLog {
 
     /// Appends the next event's frame and wakes the readers.
     pub fn push(&self, frame: Bytes) {
+        self.bytes.fetch_add(frame.len(), Ordering::Relaxed);
         let frames = {
             let mut all = self.frames();
             all.push(frame);
@@ -52,6 +56,11 @@ impl EventLog {
     /// Marks the run ended: readers finish after the last frame.
     pub fn end(&self) {
         self.progress.send_modify(|p| p.ended = true);
+    }
+
+    /// Bytes of the frames written so far.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Frames written so far, and whether the run has ended.

@@ -94,15 +94,23 @@ pub struct StoredResponse {
     /// turn's input (`GET /v1/responses/{id}/input_items`).
     pub input_items: Arc<ItemChain>,
     pub response: Arc<ResponseObject>,
-    /// The events of a background response created with `stream: true` ([`EventLog`]).
+    /// The events of a background response created with `stream: true` ([`EventLog`]), until
+    /// they are dropped for [`EVENT_LOG_BUDGET`] (`events_dropped` then).
     pub events: Option<Arc<EventLog>>,
+    pub events_dropped: bool,
     stored_at: Instant,
 }
+
+/// Bytes of finished background streams' events kept for streaming again (each generated
+/// token's delta event is a few hundred bytes of SSE): past it the oldest finished logs are
+/// dropped, and their responses are read with a plain `GET` only. Runs still going keep theirs.
+pub const EVENT_LOG_BUDGET: usize = 256 << 20;
 
 pub struct ResponseStore {
     entries: Mutex<HashMap<String, StoredResponse>>,
     ttl: Duration,
     max_entries: usize,
+    event_log_budget: usize,
 }
 
 impl ResponseStore {
@@ -111,7 +119,14 @@ impl ResponseStore {
             entries: Mutex::new(HashMap::new()),
             ttl,
             max_entries: max_entries.max(1),
+            event_log_budget: EVENT_LOG_BUDGET,
         }
+    }
+
+    /// A store keeping at most `bytes` of finished event logs (tests).
+    pub fn with_event_log_budget(mut self, bytes: usize) -> Self {
+        self.event_log_budget = bytes;
+        self
     }
 
     /// Stores `response` under its id. An entry it replaces (a background response's, as
@@ -125,7 +140,9 @@ impl ResponseStore {
         response: ResponseObject,
     ) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let events = entries.get(&response.id).and_then(|e| e.events.clone());
+        let (events, events_dropped) = entries
+            .get(&response.id)
+            .map_or((None, false), |e| (e.events.clone(), e.events_dropped));
         let ttl = self.ttl;
         entries.retain(|_, e| e.stored_at.elapsed() < ttl);
         while entries.len() >= self.max_entries {
@@ -147,9 +164,11 @@ impl ResponseStore {
                 input_items: Arc::new(input_items),
                 response: Arc::new(response),
                 events,
+                events_dropped,
                 stored_at: Instant::now(),
             },
         );
+        drop_oldest_event_logs(&mut entries, self.event_log_budget);
     }
 
     /// The response `id` if it exists, has not expired and belongs to `scope`.
@@ -185,6 +204,31 @@ impl ResponseStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Drops the oldest finished event logs until all logs together fit in `budget` bytes.
+fn drop_oldest_event_logs(entries: &mut HashMap<String, StoredResponse>, budget: usize) {
+    let logged = || entries.values().filter_map(|e| e.events.as_ref());
+    let mut total: usize = logged().map(|log| log.bytes()).sum();
+    if total <= budget {
+        return;
+    }
+    let mut finished: Vec<(Instant, String)> = entries
+        .iter()
+        .filter(|(_, e)| e.events.as_ref().is_some_and(|log| log.state().1))
+        .map(|(id, e)| (e.stored_at, id.clone()))
+        .collect();
+    finished.sort();
+    for (_, id) in finished {
+        if total <= budget {
+            break;
+        }
+        let entry = entries.get_mut(&id).expect("listed above");
+        if let Some(log) = entry.events.take() {
+            total -= log.bytes();
+            entry.events_dropped = true;
+        }
     }
 }
 
@@ -239,5 +283,73 @@ mod tests {
             [&json!("a"), &json!("b")],
             "the earlier chain unchanged"
         );
+    }
+
+    fn stored(id: &str) -> ResponseObject {
+        serde_json::from_value(json!({
+            "id": id, "object": "response", "created_at": 0, "status": "completed",
+            "model": "m", "output": [], "parallel_tool_calls": true, "store": true,
+            "tool_choice": "auto", "tools": [], "truncation": "disabled", "metadata": {},
+            "text": {},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_oldest_finished_event_logs_go_first_beyond_the_budget() {
+        let store = ResponseStore::new(Duration::from_secs(60), 100).with_event_log_budget(250);
+        let log_of = |id: &str, bytes: usize, ended: bool| {
+            store.insert(
+                "k",
+                "c",
+                ItemChain::default(),
+                ItemChain::default(),
+                stored(id),
+            );
+            let log = EventLog::new();
+            log.push(vec![b'x'; bytes].into());
+            if ended {
+                log.end();
+            }
+            store.attach_events(id, log.clone());
+            log
+        };
+        log_of("old", 100, true);
+        let running = log_of("running", 100, false);
+        log_of("new", 100, true);
+        // Storing anything enforces the budget: 300 bytes, the oldest finished one goes.
+        store.insert(
+            "k",
+            "c",
+            ItemChain::default(),
+            ItemChain::default(),
+            stored("plain"),
+        );
+        let old = store.get("k", "old").unwrap();
+        assert!(old.events.is_none() && old.events_dropped);
+        assert!(store.get("k", "running").unwrap().events.is_some());
+        assert!(store.get("k", "new").unwrap().events.is_some());
+        // A run going on keeps its log even past the budget.
+        running.push(vec![b'x'; 500].into());
+        store.insert(
+            "k",
+            "c",
+            ItemChain::default(),
+            ItemChain::default(),
+            stored("plain2"),
+        );
+        assert!(store.get("k", "running").unwrap().events.is_some());
+        assert!(store.get("k", "new").unwrap().events_dropped);
+        // Its end stores it again: it keeps its log, then drops it as the oldest finished.
+        running.end();
+        store.insert(
+            "k",
+            "c",
+            ItemChain::default(),
+            ItemChain::default(),
+            stored("running"),
+        );
+        let ran = store.get("k", "running").unwrap();
+        assert!(ran.events.is_none() && ran.events_dropped);
     }
 }
