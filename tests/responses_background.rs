@@ -324,6 +324,12 @@ async fn cancelling_a_streamed_background_response_ends_its_streams() {
         .send()
         .await
         .unwrap();
+    // A sequence number it has not sent yet is a mistake, not a wait.
+    let ahead = get(&s.at(&format!(
+        "/v1/responses/{id}?stream=true&starting_after=100000"
+    )))
+    .await;
+    assert_eq!(error_of(&ahead, 400)["param"], "starting_after");
     let cancelled = response(&post(&s.at(&format!("/v1/responses/{id}/cancel")), &json!({})).await);
     assert_eq!(cancelled.status, "cancelled");
     // Both streams end, with the cancelled response last.

@@ -156,14 +156,17 @@ pub fn stream_stored(
     let from = match starting_after {
         None => 0,
         Some(n) => {
+            // (A client only knows sequence numbers it was sent, so one past the log's end,
+            // running or not, is a mistake rather than a wait.)
             let (frames, ended) = log.state();
             let from = usize::try_from(n).unwrap_or(usize::MAX).saturating_add(1);
-            if ended && from > frames {
+            if from > frames {
+                let so_far = if ended { "" } else { " so far" };
                 return Err(ApiError::invalid(
                     Some("starting_after"),
                     format!(
-                        "Response `{id}` has events 0 to {} (it has ended): `starting_after` \
-                         {n} is past its last one.",
+                        "Response `{id}` has events 0 to {}{so_far}: `starting_after` {n} is \
+                         past its last one.",
                         frames.saturating_sub(1)
                     ),
                 ));
