@@ -209,8 +209,11 @@ impl ResponseStore {
 
 /// Drops the oldest finished event logs until all logs together fit in `budget` bytes.
 fn drop_oldest_event_logs(entries: &mut HashMap<String, StoredResponse>, budget: usize) {
-    let logged = || entries.values().filter_map(|e| e.events.as_ref());
-    let mut total: usize = logged().map(|log| log.bytes()).sum();
+    let mut total: usize = entries
+        .values()
+        .filter_map(|e| e.events.as_ref())
+        .map(|log| log.bytes())
+        .sum();
     if total <= budget {
         return;
     }
