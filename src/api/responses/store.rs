@@ -298,17 +298,16 @@ mod tests {
         .unwrap()
     }
 
+    fn put(store: &ResponseStore, id: &str) {
+        let empty = ItemChain::default;
+        store.insert("k", "c", empty(), empty(), stored(id));
+    }
+
     #[test]
     fn the_oldest_finished_event_logs_go_first_beyond_the_budget() {
         let store = ResponseStore::new(Duration::from_secs(60), 100).with_event_log_budget(250);
         let log_of = |id: &str, bytes: usize, ended: bool| {
-            store.insert(
-                "k",
-                "c",
-                ItemChain::default(),
-                ItemChain::default(),
-                stored(id),
-            );
+            put(&store, id);
             let log = EventLog::new();
             log.push(vec![b'x'; bytes].into());
             if ended {
@@ -321,37 +320,19 @@ mod tests {
         let running = log_of("running", 100, false);
         log_of("new", 100, true);
         // Storing anything enforces the budget: 300 bytes, the oldest finished one goes.
-        store.insert(
-            "k",
-            "c",
-            ItemChain::default(),
-            ItemChain::default(),
-            stored("plain"),
-        );
+        put(&store, "plain");
         let old = store.get("k", "old").unwrap();
         assert!(old.events.is_none() && old.events_dropped);
         assert!(store.get("k", "running").unwrap().events.is_some());
         assert!(store.get("k", "new").unwrap().events.is_some());
         // A run going on keeps its log even past the budget.
         running.push(vec![b'x'; 500].into());
-        store.insert(
-            "k",
-            "c",
-            ItemChain::default(),
-            ItemChain::default(),
-            stored("plain2"),
-        );
+        put(&store, "plain2");
         assert!(store.get("k", "running").unwrap().events.is_some());
         assert!(store.get("k", "new").unwrap().events_dropped);
         // Its end stores it again: it keeps its log, then drops it as the oldest finished.
         running.end();
-        store.insert(
-            "k",
-            "c",
-            ItemChain::default(),
-            ItemChain::default(),
-            stored("running"),
-        );
+        put(&store, "running");
         let ran = store.get("k", "running").unwrap();
         assert!(ran.events.is_none() && ran.events_dropped);
     }
