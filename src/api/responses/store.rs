@@ -2,8 +2,9 @@
 //! conversation as chat messages (inputs and outputs, without `instructions`) and as Responses
 //! items, both as [`ItemChain`]s that share the earlier turns with the responses they continue,
 //! the id of the conversation (which names the engine session holding its KV), and the final
-//! response object for `GET /v1/responses/{id}`. Entries are scoped by API key: another key's
-//! id is unknown.
+//! response object for `GET /v1/responses/{id}` (with, for a background stream, its events:
+//! [`EventLog`], within [`EVENT_LOG_BUDGET`]). Entries are scoped by API key: another key's id
+//! is unknown.
 //!
 //! The map is only touched in short, non-async critical sections (never across an `.await`).
 //! Entries expire after a TTL (the session TTL in `serve`) and the oldest go first beyond a cap.
