@@ -303,6 +303,7 @@ async fn a_streamed_background_response_outlives_its_stream_and_streams_again_fr
         200
     );
     assert_eq!(get(&url).await.status, 404);
+    assert_eq!(s.state.responses.event_log_bytes(), 0);
     wait_idle(&s).await;
     assert!(s.state.background.is_empty());
 }
@@ -324,6 +325,18 @@ async fn cancelling_a_streamed_background_response_ends_its_streams() {
         .send()
         .await
         .unwrap();
+    // The server reports the run and its log.
+    let stats = get(&s.at("/v1/stats")).await.json();
+    assert_eq!(stats["background_responses_running"], 1, "{stats}");
+    assert!(
+        stats["response_event_log_bytes"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    let metrics = get(&s.at("/metrics")).await.text();
+    assert!(
+        metrics.contains("\nmtpx_background_responses_running 1\n"),
+        "{metrics}"
+    );
     // A sequence number it has not sent yet is a mistake, not a wait.
     let ahead = get(&s.at(&format!(
         "/v1/responses/{id}?stream=true&starting_after=100000"
@@ -343,6 +356,12 @@ async fn cancelling_a_streamed_background_response_ends_its_streams() {
     assert_eq!(last, cancelled);
 
     wait_idle(&s).await;
+    let stats = get(&s.at("/v1/stats")).await.json();
+    assert_eq!(stats["background_responses_running"], 0, "{stats}");
+    assert!(
+        stats["response_event_log_bytes"].as_u64().unwrap() > 0,
+        "kept: {stats}"
+    );
     assert!(s.engine().scheduler_stats().await.tokens_generated < 3000);
     s.engine().clear_caches().await;
     assert_eq!(s.engine().pool_stats().await.num_used, 0, "pages freed");

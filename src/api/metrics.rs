@@ -186,6 +186,27 @@ pub async fn render(state: &AppState) -> String {
         "gauge",
         u8::from(state.is_ready()),
     );
+    gauge(
+        &mut out,
+        "mtpx_stored_responses",
+        "Responses stored for previous_response_id and GET /v1/responses/{id}.",
+        "gauge",
+        state.responses.len(),
+    );
+    gauge(
+        &mut out,
+        "mtpx_background_responses_running",
+        "Background responses whose run goes on.",
+        "gauge",
+        state.background.len(),
+    );
+    gauge(
+        &mut out,
+        "mtpx_response_event_log_bytes",
+        "Bytes of background streams' events kept for streaming again.",
+        "gauge",
+        state.responses.event_log_bytes(),
+    );
     let Ok(engine) = state.engine() else {
         return out;
     };

@@ -51,6 +51,8 @@ pub async fn stats(
         },
         "session": session,
         "stored_responses": state.responses.len(),
+        "background_responses_running": state.background.len(),
+        "response_event_log_bytes": state.responses.event_log_bytes(),
         // The drafters this server runs (a request may turn speculation off or pick one).
         "speculation": {
             "enabled": !info.drafters.is_empty(),

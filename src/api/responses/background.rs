@@ -45,6 +45,11 @@ impl BackgroundRuns {
         self.lock().is_empty()
     }
 
+    /// How many are running.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -203,18 +203,28 @@ impl ResponseStore {
         self.entries.lock().map(|e| e.len()).unwrap_or(0)
     }
 
+    /// Bytes of the event logs kept (finished and running).
+    pub fn event_log_bytes(&self) -> usize {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        total_log_bytes(&entries)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-/// Drops the oldest finished event logs until all logs together fit in `budget` bytes.
-fn drop_oldest_event_logs(entries: &mut HashMap<String, StoredResponse>, budget: usize) {
-    let mut total: usize = entries
+fn total_log_bytes(entries: &HashMap<String, StoredResponse>) -> usize {
+    entries
         .values()
         .filter_map(|e| e.events.as_ref())
         .map(|log| log.bytes())
-        .sum();
+        .sum()
+}
+
+/// Drops the oldest finished event logs until all logs together fit in `budget` bytes.
+fn drop_oldest_event_logs(entries: &mut HashMap<String, StoredResponse>, budget: usize) {
+    let mut total = total_log_bytes(entries);
     if total <= budget {
         return;
     }
