@@ -11,9 +11,9 @@
 //!   anonymous mapping, advised `MADV_HUGEPAGE` (THP in `madvise` mode, Debian's default)
 //!   before anything touches it. (They came from the allocator before, advised the same way,
 //!   but the allocator hands out memory freed earlier, whose 4 KB pages were already faulted
-//!   in: the advice then changed nothing. Loading Qwen2.5-Coder-1.5B left 458 MB of its 950 MB
-//!   of weights in 4 KB pages; now all of them are in huge pages.) A fresh mapping is zero
-//!   already; smaller buffers are zeroed.
+//!   in: the advice then changed nothing. With Qwen2.5-Coder-1.5B loaded, ~170 MB of its packed
+//!   weights sat in 4 KB pages; now every packed matrix is in huge pages.) A fresh mapping is
+//!   zero already; smaller buffers are zeroed.
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::ops::{Deref, DerefMut};

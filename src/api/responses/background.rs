@@ -134,28 +134,26 @@ pub fn stream_stored(
 ) -> Result<impl futures::Stream<Item = actix_web::web::Bytes> + Unpin, ApiError> {
     let id = &stored.response.id;
     let Some(log) = stored.events.clone() else {
-        if stored.events_dropped {
-            return Err(ApiError::invalid(
-                Some("stream"),
-                format!(
-                    "The events of response `{id}` are no longer kept (the server keeps the \
-                     newest {} MiB of finished background streams). Read it with `GET \
-                     /v1/responses/{id}` instead.",
-                    EVENT_LOG_BUDGET >> 20
-                ),
-            ));
-        }
-        let how = if stored.response.background {
-            "was created without `stream: true`"
+        let why = if stored.events_dropped {
+            format!(
+                "The events of response `{id}` are no longer kept (the server keeps the newest \
+                 {} MiB of finished background streams).",
+                EVENT_LOG_BUDGET >> 20
+            )
         } else {
-            "was not created with `background: true`"
+            let how = if stored.response.background {
+                "was created without `stream: true`"
+            } else {
+                "was not created with `background: true`"
+            };
+            format!(
+                "Response `{id}` {how}: only background responses created with `stream: true` \
+                 can be streamed again."
+            )
         };
         return Err(ApiError::invalid(
             Some("stream"),
-            format!(
-                "Response `{id}` {how}: only background responses created with `stream: true` \
-                 can be streamed again. Read it with `GET /v1/responses/{id}` instead."
-            ),
+            format!("{why} Read it with `GET /v1/responses/{id}` instead."),
         ));
     };
     let from = match starting_after {
