@@ -100,6 +100,29 @@ fn error_of(reply: &Reply, status: u16) -> Value {
     reply.json()["error"].clone()
 }
 
+/// Tokens a run asked for that only a cancel ends early.
+const LONG: usize = 3000;
+
+/// A background response that runs until stopped.
+async fn start_long(s: &TestServer) -> ResponseObject {
+    let mut b = body("Write a long essay.", LONG);
+    b["background"] = json!(true);
+    response(&post(&s.at("/v1/responses"), &b).await)
+}
+
+/// After a long run was stopped and the engine went idle: it stopped early, every page came
+/// back, and no run is left registered.
+async fn assert_stopped_early_and_freed(s: &TestServer) {
+    let generated = s.engine().scheduler_stats().await.tokens_generated;
+    assert!(
+        (generated as usize) < LONG,
+        "cancelled early ({generated} tokens)"
+    );
+    s.engine().clear_caches().await;
+    assert_eq!(s.engine().pool_stats().await.num_used, 0, "pages freed");
+    assert!(s.state.background.is_empty(), "no run left registered");
+}
+
 #[actix_rt::test]
 async fn a_background_response_finishes_without_the_client_as_a_foreground_one_does() {
     let s = server();
@@ -148,9 +171,7 @@ async fn a_background_response_finishes_without_the_client_as_a_foreground_one_d
 #[actix_rt::test]
 async fn cancelling_a_background_response_stops_it_and_frees_its_pages() {
     let s = server();
-    let mut b = body("Write a long essay.", 3000);
-    b["background"] = json!(true);
-    let created = response(&post(&s.at("/v1/responses"), &b).await);
+    let created = start_long(&s).await;
 
     // Continuing it before it has ended is refused, not started from half a turn.
     let mut next = body("More.", 4);
@@ -172,19 +193,13 @@ async fn cancelling_a_background_response_stops_it_and_frees_its_pages() {
     );
 
     wait_idle(&s).await;
-    let generated = s.engine().scheduler_stats().await.tokens_generated;
-    assert!(generated < 3000, "cancelled early ({generated} tokens)");
-    s.engine().clear_caches().await;
-    assert_eq!(s.engine().pool_stats().await.num_used, 0, "pages freed");
-    assert!(s.state.background.is_empty(), "no run left registered");
+    assert_stopped_early_and_freed(&s).await;
 }
 
 #[actix_rt::test]
 async fn deleting_a_running_background_response_stops_it() {
     let s = server();
-    let mut b = body("Write a long essay.", 3000);
-    b["background"] = json!(true);
-    let created = response(&post(&s.at("/v1/responses"), &b).await);
+    let created = start_long(&s).await;
     let url = s.at(&format!("/v1/responses/{}", created.id));
     let deleted = delete(&url).await;
     assert_eq!(deleted.status, 200, "{}", deleted.text());
@@ -311,7 +326,7 @@ async fn a_streamed_background_response_outlives_its_stream_and_streams_again_fr
 #[actix_rt::test]
 async fn cancelling_a_streamed_background_response_ends_its_streams() {
     let s = server();
-    let b = streamed(&body("Write a long essay.", 3000));
+    let b = streamed(&body("Write a long essay.", LONG));
     let mut res = client()
         .post(s.at("/v1/responses"))
         .send_json(&b)
@@ -362,8 +377,5 @@ async fn cancelling_a_streamed_background_response_ends_its_streams() {
         stats["response_event_log_bytes"].as_u64().unwrap() > 0,
         "kept: {stats}"
     );
-    assert!(s.engine().scheduler_stats().await.tokens_generated < 3000);
-    s.engine().clear_caches().await;
-    assert_eq!(s.engine().pool_stats().await.num_used, 0, "pages freed");
-    assert!(s.state.background.is_empty());
+    assert_stopped_early_and_freed(&s).await;
 }
