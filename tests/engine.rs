@@ -198,6 +198,46 @@ async fn pool_exhaustion_queues_or_preempts_and_outputs_stay_correct() {
 }
 
 #[actix_rt::test]
+async fn prompts_that_fill_the_pool_between_them_mid_prefill_all_finish() {
+    // 40 pages of 16 tokens; two 400-token prompts prefilled 64 tokens a step each take 20
+    // pages apiece before either is through, and then each waits for pages the other holds.
+    let spec = TestModelSpec::default();
+    let small = EngineConfig {
+        kv_memory: KvMemory::Bytes(40 * 2 * 2 * 2 * 16 * 16 * 4),
+        prefill_chunk: 64,
+        ..cfg()
+    };
+    let t = start_engine(&spec, small);
+    assert_eq!(t.engine.info().num_pages, 40);
+    let prompts: Vec<Vec<u32>> = (0..2).map(|i| token_ids(900 + i, 400)).collect();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        alone.push(run(&t.engine, greedy_tokens(p.clone(), 8)).await.token_ids);
+    }
+    t.engine.clear_caches().await;
+    let streams = futures::future::join_all(
+        prompts
+            .iter()
+            .map(|p| t.engine.submit(greedy_tokens(p.clone(), 8))),
+    )
+    .await;
+    let both = futures::future::join_all(streams.into_iter().map(|s| drain(s.unwrap())));
+    let together = actix_rt::time::timeout(std::time::Duration::from_secs(120), both)
+        .await
+        .expect("the two prompts stalled, each waiting for the other's pages");
+    for (i, out) in together.iter().enumerate() {
+        assert!(out.error.is_none(), "request {i}: {:?}", out.error);
+        assert_eq!(
+            out.token_ids, alone[i],
+            "request {i} changed by the preemption"
+        );
+    }
+    assert!(t.engine.scheduler_stats().await.num_preemptions > 0);
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0);
+}
+
+#[actix_rt::test]
 async fn a_shared_2000_token_prefix_is_prefilled_once() {
     let t = start_engine(&TestModelSpec::default(), cfg());
     // 2,008 = 125 full pages and 8 positions of the next: those are copied (copy-on-write).

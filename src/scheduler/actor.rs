@@ -6,7 +6,7 @@
 //! next step is planned; the sequence's pages go back at once.
 
 use super::events::{FinishReason, SeqEvent, Usage};
-use super::plan::{plan_step, Grant, SchedulerConfig, StepPlan};
+use super::plan::{plan_step, unblock_prefill, Grant, SchedulerConfig, StepPlan};
 use super::sequence::{SeqId, Sequence};
 use crate::error::{EngineError, KvError};
 use crate::kv::pool_actor::{GetPoolStats, PagePoolActor, Release};
@@ -102,6 +102,9 @@ pub struct SchedulerActor {
     /// Finished sequences' sessions that have not yet handled the end of their turn (see
     /// [`Settle`]).
     turn_ends: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// The last step ran nothing and no idle session was left to give up pages: the next
+    /// plan may preempt to let a prompt go on ([`unblock_prefill`]).
+    stalled: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -168,6 +171,7 @@ impl SchedulerActor {
             draft_costs: p.draft_costs,
             tally: StepTally::default(),
             turn_ends: Vec::new(),
+            stalled: false,
         }
     }
 
@@ -238,7 +242,11 @@ impl SchedulerActor {
                 waiting.push(&a.seq);
             }
         }
-        plan_step(&running, &waiting, available_pages, &self.cfg)
+        let plan = plan_step(&running, &waiting, available_pages, &self.cfg);
+        if self.stalled && plan.is_empty() && plan.preempted.is_empty() {
+            return unblock_prefill(&running, available_pages, &self.cfg);
+        }
+        plan
     }
 
     fn preempt(&mut self, ids: &[SeqId]) {
@@ -709,10 +717,15 @@ impl Handler<Step> for SchedulerActor {
                     return;
                 }
                 if idle {
-                    // Nothing could run: waiting prompts need pages that idle sessions hold.
-                    act.registry.do_send(EvictLeastRecentlyUsed);
-                    ctx.notify_later(Step, Duration::from_millis(5));
+                    // Nothing could run: prompts need pages that idle sessions hold, or that
+                    // running prompts hold between them (then the next plan unblocks them).
+                    let evict = act.registry.send(EvictLeastRecentlyUsed);
+                    ctx.spawn(evict.into_actor(act).map(|evicted, act, ctx| {
+                        act.stalled = !evicted.unwrap_or(false);
+                        ctx.notify_later(Step, Duration::from_millis(5));
+                    }));
                 } else {
+                    act.stalled = false;
                     ctx.notify(Step);
                 }
             });

@@ -11,6 +11,10 @@
 //! 3. A decode that needs a page when none is free preempts the lowest-ranked running
 //!    sequence not yet granted (its pages are released; it resumes later by recompute). A
 //!    prefill that does not fit waits instead of preempting.
+//! 4. Unless nothing at all can run: running prompts part-way through their prefill can hold
+//!    every page between them, each waiting for pages another holds. Once no idle session is
+//!    left to give pages up, [`unblock_prefill`] lets the highest-ranked of them go on by
+//!    preempting the lowest-ranked others.
 
 use super::sequence::{SeqId, Sequence};
 
@@ -166,6 +170,50 @@ pub fn plan_step(
     plan
 }
 
+/// The step that breaks a stall among prompts being prefilled (rule 4): the highest-ranked
+/// running sequence still in its prompt gets its next chunk, and the lowest-ranked other
+/// running sequences holding pages are preempted until it fits. Empty when there is no such
+/// sequence or when even preempting all the others would not free enough (the pages are held
+/// elsewhere: the scheduler then waits for them).
+pub fn unblock_prefill(
+    running: &[&Sequence],
+    free_pages: usize,
+    cfg: &SchedulerConfig,
+) -> StepPlan {
+    let mut by_rank: Vec<&Sequence> = running.to_vec();
+    by_rank.sort_by_key(|s| s.rank());
+    let Some(head) = by_rank.iter().copied().find(|s| s.is_prefilling()) else {
+        return StepPlan::default();
+    };
+    let chunk = head
+        .max_chunk
+        .map_or(cfg.prefill_chunk, |c| c.min(cfg.prefill_chunk));
+    let num_tokens = head.num_pending().min(chunk).min(cfg.max_batch_tokens);
+    let need = head.pages_needed(num_tokens, cfg.page_size);
+    let mut plan = StepPlan::default();
+    let mut free = free_pages;
+    for victim in by_rank.iter().rev() {
+        if free >= need {
+            break;
+        }
+        if victim.id != head.id && victim.num_pages > 0 {
+            plan.preempted.push(victim.id);
+            free += victim.num_pages;
+        }
+    }
+    if need > free {
+        return StepPlan::default();
+    }
+    plan.grants.push(Grant {
+        seq_id: head.id,
+        num_tokens,
+        num_drafts: 0,
+        num_new_pages: need,
+        wants_logits: num_tokens == head.num_pending(),
+    });
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +319,46 @@ mod tests {
         let plan = plan_step(&[&a], &[], 0, &cfg());
         assert!(plan.grants.is_empty());
         assert_eq!(plan.preempted, vec![1]);
+    }
+
+    #[test]
+    fn prompts_that_hold_every_page_between_them_unblock_by_preempting_the_lowest_ranked() {
+        // Three prompts of 100 tokens, 40 computed each: 10 pages each, none free. The
+        // ordinary plan runs nothing (each waits for pages another holds).
+        let a = seq(1, 100, 40);
+        let b = seq(2, 100, 40);
+        let c = seq(3, 100, 40);
+        let stuck = plan_step(&[&c, &a, &b], &[], 0, &cfg());
+        assert!(stuck.is_empty() && stuck.preempted.is_empty());
+        let plan = unblock_prefill(&[&c, &a, &b], 0, &cfg());
+        // The oldest goes on with a whole chunk (32 tokens: 8 pages); the youngest yields.
+        assert_eq!(plan.preempted, vec![3]);
+        assert_eq!(plan.grants.len(), 1);
+        assert_eq!(plan.grants[0].seq_id, 1);
+        assert_eq!(plan.grants[0].num_tokens, 32);
+        assert_eq!(plan.grants[0].num_new_pages, 8);
+        // A higher priority outranks age.
+        let mut urgent = seq(4, 100, 40);
+        urgent.priority = 5;
+        let plan = unblock_prefill(&[&a, &urgent], 0, &cfg());
+        assert_eq!(
+            (plan.grants[0].seq_id, plan.preempted.clone()),
+            (4, vec![1])
+        );
+    }
+
+    #[test]
+    fn unblocking_preempts_nobody_when_that_would_not_free_enough() {
+        // The only other running sequence holds 1 page; the chunk needs 8.
+        let head = seq(1, 100, 40);
+        let small = seq(2, 3, 2);
+        assert!(unblock_prefill(&[&head, &small], 0, &cfg()).is_empty());
+        assert!(unblock_prefill(&[&head, &small], 0, &cfg())
+            .preempted
+            .is_empty());
+        // Nobody is in a prompt: nothing to unblock.
+        let d = decoding(3, 20);
+        assert!(unblock_prefill(&[&d], 0, &cfg()).is_empty());
     }
 
     #[test]

@@ -101,22 +101,37 @@ impl Handler<GetOrCreate> for SessionRegistry {
     }
 }
 
-/// Expire the least recently used session that is idle (memory pressure).
+/// Expire the least recently used session that is idle (memory pressure); replies whether
+/// one was. Sessions with a turn running are passed over, so an old busy session does not
+/// shield the idle ones behind it.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "bool")]
 pub struct EvictLeastRecentlyUsed;
 
 impl Handler<EvictLeastRecentlyUsed> for SessionRegistry {
-    type Result = ();
-    fn handle(&mut self, _: EvictLeastRecentlyUsed, ctx: &mut Context<Self>) {
-        if let Some(key) = self
+    type Result = AtomicResponse<Self, bool>;
+    /// Atomic: no session is handed out while it may be expiring.
+    fn handle(&mut self, _: EvictLeastRecentlyUsed, _: &mut Context<Self>) -> Self::Result {
+        let mut by_age: Vec<(Instant, SessionKey, Addr<SessionActor>)> = self
             .sessions
             .iter()
-            .min_by_key(|(_, e)| e.last_used)
-            .map(|(k, _)| k.clone())
-        {
-            self.expire(key, ctx);
-        }
+            .map(|(k, e)| (e.last_used, k.clone(), e.addr.clone()))
+            .collect();
+        by_age.sort_by_key(|(last_used, _, _)| *last_used);
+        let first_expired = async move {
+            for (_, key, addr) in by_age {
+                if addr.send(TryExpire).await.unwrap_or(true) {
+                    return Some(key);
+                }
+            }
+            None
+        };
+        AtomicResponse::new(Box::pin(first_expired.into_actor(self).map(
+            |expired, act, _| match expired {
+                Some(key) => act.sessions.remove(&key).is_some(),
+                None => false,
+            },
+        )))
     }
 }
 
