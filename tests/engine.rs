@@ -407,6 +407,31 @@ async fn stop_strings_end_the_request_and_neither_they_nor_their_tokens_are_sent
 }
 
 #[actix_rt::test]
+async fn a_turn_ended_by_a_stop_string_leaves_its_session_free_for_the_next_turn() {
+    let t = start_engine(&TestModelSpec::default(), cfg());
+    let free = run(&t.engine, greedy_tokens(token_ids(3, 30), 40)).await;
+    let stop: String = free.text.chars().skip(2).take(2).collect();
+    let session = SessionKey {
+        scope: String::new(),
+        session_id: "stopped".into(),
+    };
+    // Each next turn starts the moment the reply has ended, as an agent's does.
+    for turn in 0..5 {
+        let mut req = greedy_tokens(token_ids(3, 30), 40);
+        req.stop = vec![stop.clone()];
+        req.session = Some(session.clone());
+        let out = run(&t.engine, req).await;
+        assert!(out.error.is_none(), "turn {turn}: {:?}", out.error);
+        assert_eq!(out.finish, Some(FinishReason::Stop));
+        let stats = t.engine.scheduler_stats().await;
+        assert_eq!(
+            stats.num_running, 0,
+            "turn {turn}'s sequence outlived its reply"
+        );
+    }
+}
+
+#[actix_rt::test]
 async fn a_chat_prompt_uses_the_models_template() {
     let t = start_engine(&TestModelSpec::default(), cfg());
     let messages = serde_json::json!([{"role": "user", "content": "hello"}]);

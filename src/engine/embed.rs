@@ -67,6 +67,7 @@ impl Engine {
             prompt_logprobs: None,
             embed: Some(req.pooling.unwrap_or(self.info.pooling)),
             events,
+            turn_ended: tokio::sync::oneshot::channel().0,
         };
         self.enqueue(submission).await?;
         let mut vector = None;

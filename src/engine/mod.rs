@@ -485,6 +485,7 @@ impl Engine {
             })
             .await??;
         let (seq_tx, seq_rx) = unbounded_channel();
+        let (turn_ended, turn_end) = tokio::sync::oneshot::channel();
         let prompt_tokens = tokens.len();
         let verification = req
             .verification
@@ -503,6 +504,7 @@ impl Engine {
             prompt_logprobs: req.prompt_logprobs,
             embed: None,
             events: seq_tx,
+            turn_ended,
         };
         self.enqueue(submission).await?;
         let (client_tx, client_rx) = unbounded_channel();
@@ -518,6 +520,7 @@ impl Engine {
                 prompt_tokens,
                 cached_tokens: turn.cached_tokens,
                 from_scheduler: seq_rx,
+                turn_end,
                 to_client: client_tx,
             }
             .run(),

@@ -1,7 +1,8 @@
 //! Turns a sequence's committed token ids into text deltas (through the tokenizer actor) and
 //! applies stop strings. A stop string ends the request the same way a disconnect does: this
-//! task drops the scheduler's channel, and the scheduler frees the pages at its next step. A
-//! client that drops its stream is noticed at once, whether or not a token is on its way.
+//! task closes the scheduler's channel, and the scheduler frees the pages at its next step;
+//! the reply's end waits for that, so the client's next turn finds its session free. A client
+//! that drops its stream is noticed at once, whether or not a token is on its way.
 //!
 //! Tokens travel with their text: a token is sent once some of its text is (text that could
 //! still begin a stop string is held back, and so are its tokens), and the tokens that only
@@ -23,6 +24,8 @@ pub struct StreamTask {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub from_scheduler: UnboundedReceiver<SeqEvent>,
+    /// Resolves once the scheduler has let the sequence go (see `Submission::turn_ended`).
+    pub turn_end: tokio::sync::oneshot::Receiver<()>,
     pub to_client: UnboundedSender<EngineEvent>,
 }
 
@@ -110,7 +113,6 @@ impl StreamTask {
                         break; // the client is gone: dropping our receiver cancels the sequence
                     }
                     if stopped {
-                        self.detokenize(Vec::new(), true).await;
                         let first = first_token_at.unwrap_or(started);
                         let usage = Usage {
                             prompt_tokens: self.prompt_tokens,
@@ -121,6 +123,10 @@ impl StreamTask {
                             ..Usage::default()
                         }
                         .with_drafts(drafts);
+                        // Cancel the sequence and let its turn end before the reply does.
+                        self.from_scheduler.close();
+                        let _ = (&mut self.turn_end).await;
+                        self.detokenize(Vec::new(), true).await;
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,
                             usage,

@@ -57,6 +57,10 @@ pub struct Submission {
     /// [`SeqEvent::Embedding`] once the prompt is computed, and then the sequence ends.
     pub embed: Option<Pooling>,
     pub events: UnboundedSender<SeqEvent>,
+    /// Never sent: dropped when the scheduler lets the sequence go, after the end of its
+    /// session's turn is on its way to the session. A stream that ends itself (a stop string)
+    /// waits for it before it answers, so that the client's next turn finds the session free.
+    pub turn_ended: tokio::sync::oneshot::Sender<()>,
 }
 
 struct Active {
@@ -203,12 +207,13 @@ impl SchedulerActor {
             }
             Err(e) => SeqEvent::Error(e),
         };
-        let _ = a.sub.events.send(event);
         self.end_drafting(&mut a);
+        // The session hears of the end first: a client told of it may start its next turn.
         a.sub.session.do_send(EndTurn { publish: true });
         if a.sub.ephemeral {
             a.sub.session.do_send(ReleaseAll);
         }
+        let _ = a.sub.events.send(event);
         let flushed = a.sub.session.send(Flush);
         let (done, ended) = tokio::sync::oneshot::channel();
         actix_rt::spawn(async move {
