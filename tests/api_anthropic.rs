@@ -314,6 +314,24 @@ async fn prefill_structured_output_and_errors() {
             "invalid_request_error",
             "web_search_20250305",
         ),
+        (
+            json!({"max_tokens": 4, "messages": [{"role": "assistant", "content": "Hi"}]}),
+            400,
+            "invalid_request_error",
+            "needs a `user` message",
+        ),
+        (
+            json!({"max_tokens": 4, "messages": [{"role": "user", "content": ""}]}),
+            400,
+            "invalid_request_error",
+            "non-empty content",
+        ),
+        (
+            json!({"max_tokens": 4, "messages": []}),
+            400,
+            "invalid_request_error",
+            "must not be empty",
+        ),
     ];
     for (body, status, kind, needle) in cases {
         let (got_status, got_kind, message) = error(&post(&s.at("/v1/messages"), &body).await);

@@ -65,7 +65,7 @@ pub fn error_body(e: &ApiError) -> Value {
         return json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}});
     }
     let kind = match e.status.as_u16() {
-        400 | 405 => "invalid_request_error",
+        400 | 405 | 409 | 422 => "invalid_request_error",
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",
@@ -215,5 +215,14 @@ mod tests {
             over(40000, 1),
             "prompt is too long: 40000 tokens > 32768 maximum"
         );
+    }
+
+    #[test]
+    fn a_busy_session_is_an_invalid_request_not_a_server_error() {
+        let e = ApiError::from(crate::error::EngineError::SessionBusy {
+            session_id: "s".into(),
+        });
+        assert_eq!(e.status.as_u16(), 409);
+        assert_eq!(error_body(&e)["error"]["type"], "invalid_request_error");
     }
 }

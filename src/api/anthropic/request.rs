@@ -95,6 +95,13 @@ pub fn chat(body: &Value, count_only: bool) -> Result<Translated, ApiError> {
             }
         }
     }
+    if !list.is_empty() && !messages.iter().any(|m| m["role"] != "system") {
+        return Err(invalid(
+            "messages",
+            "`messages` needs a `user` message: a final `assistant` message only continues the \
+             reply to one",
+        ));
+    }
     out.insert("messages".into(), Value::Array(messages));
     if let Some(tools) = body.get("tools").filter(|t| !t.is_null()) {
         out.insert("tools".into(), self::tools(tools)?);
@@ -211,6 +218,7 @@ fn user_message(i: usize, content: &Value, out: &mut Vec<Value>) -> Result<(), A
             "`content` must be a string or an array of content blocks",
         ));
     }
+    let before = out.len();
     let mut text = String::new();
     let flush = |text: &mut String, out: &mut Vec<Value>| {
         if !text.is_empty() {
@@ -242,6 +250,12 @@ fn user_message(i: usize, content: &Value, out: &mut Vec<Value>) -> Result<(), A
         }
     }
     flush(&mut text, out);
+    if out.len() == before {
+        return Err(invalid(
+            &format!("messages[{i}].content"),
+            "user messages must have non-empty content",
+        ));
+    }
     Ok(())
 }
 
