@@ -189,6 +189,10 @@ async fn errors_are_ollama_shaped() {
     assert!(over.json()["error"].as_str().unwrap().contains("2048"));
     let pull = post(&s.at("/api/pull"), &json!({"model": "llama3"})).await;
     assert_eq!(pull.status, 501);
+    // A wrong method under /api/ is answered in Ollama's shape too.
+    let wrong = get(&s.at("/api/chat")).await;
+    assert_eq!(wrong.status, 405, "{}", wrong.text());
+    assert!(wrong.json()["error"].is_string(), "{}", wrong.text());
     // Qwen2.5-Coder does not think: `think: true` is refused, as Ollama refuses it.
     let think = post(
         &s.at("/api/chat"),

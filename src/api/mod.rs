@@ -543,11 +543,14 @@ async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {
 }
 
 /// A routing error in the shape of the API the path belongs to: Anthropic's SDKs read
-/// `{"type": "error", ...}` under `/v1/messages`; everywhere else OpenAI's shape.
+/// `{"type": "error", ...}` under `/v1/messages`, Ollama's clients `{"error": "..."}` under
+/// `/api/`; everywhere else OpenAI's shape.
 fn route_error(req: &actix_web::HttpRequest, error: ApiError) -> HttpResponse {
     use actix_web::ResponseError;
     if req.path().starts_with("/v1/messages") {
         anthropic::AnthropicError::from(error).error_response()
+    } else if req.path().starts_with("/api/") {
+        ollama::OllamaError::from(error).error_response()
     } else {
         error.error_response()
     }
