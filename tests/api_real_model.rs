@@ -566,6 +566,14 @@ async fn llama_cpp_editor_plugin_requests_answer_as_llama_cpp_does() {
         !other["content"].as_str().unwrap().starts_with(" Paris"),
         "{other}"
     );
+    // A token named twice, by id and by text, gets the sum of its biases (as llama.cpp adds
+    // them): −100 + 5 still bans it, whichever comes last.
+    banned["logit_bias"] = json!([[paris["tokens"][0], -100], [" Paris", 5]]);
+    let summed = post(&completion, &banned).await.json();
+    assert!(
+        !summed["content"].as_str().unwrap().starts_with(" Paris"),
+        "{summed}"
+    );
 }
 
 /// Logprobs' `bytes` are the tokens' raw bytes: Qwen splits an emoji's zero-width joiner over

@@ -171,7 +171,9 @@ fn samplers(body: &Value, out: &mut Map<String, Value>) -> Result<(), ApiError> 
 
 /// `logit_bias` as llama.cpp takes it, in OpenAI's shape: `[[token, bias], ...]` or
 /// `{"token": bias}`, a token given by id or as text (each of the text's tokens gets the
-/// bias); `false` bans it. Biases beyond OpenAI's ±100 are clamped: ±100 already decides.
+/// bias); `false` bans it. A token named twice (by id and inside a text) gets the sum, as
+/// llama.cpp adds them; a ban stays a ban. Sums beyond OpenAI's ±100 are clamped: ±100
+/// already decides.
 async fn logit_bias(engine: &Engine, bias: Option<&Value>) -> Result<Option<Value>, ApiError> {
     let invalid = || {
         ApiError::invalid(
@@ -197,11 +199,12 @@ async fn logit_bias(engine: &Engine, bias: Option<&Value>) -> Result<Option<Valu
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(invalid()),
     };
-    let mut out = Map::new();
+    let mut sums: std::collections::BTreeMap<u32, f64> = std::collections::BTreeMap::new();
+    let mut banned = std::collections::BTreeSet::new();
     for (token, bias) in pairs {
         let bias = match bias {
-            Value::Bool(false) => -100.0,
-            b => b.as_f64().ok_or_else(invalid)?.clamp(-100.0, 100.0),
+            Value::Bool(false) => None,
+            b => Some(b.as_f64().ok_or_else(invalid)?),
         };
         let ids = match token {
             Value::String(text) => engine.tokenize_literal(&text).await?,
@@ -211,8 +214,20 @@ async fn logit_bias(engine: &Engine, bias: Option<&Value>) -> Result<Option<Valu
                 .ok_or_else(invalid)?],
         };
         for id in ids {
-            out.insert(id.to_string(), json!(bias));
+            match bias {
+                Some(b) => *sums.entry(id).or_default() += b,
+                None => {
+                    banned.insert(id);
+                }
+            }
         }
+    }
+    let mut out = Map::new();
+    for (id, sum) in sums {
+        out.insert(id.to_string(), json!(sum.clamp(-100.0, 100.0)));
+    }
+    for id in banned {
+        out.insert(id.to_string(), json!(-100.0));
     }
     Ok(Some(Value::Object(out)))
 }
