@@ -4,10 +4,14 @@ mod common;
 
 use common::*;
 use mtpx::config::KvMemory;
-use mtpx::engine::EngineConfig;
+use mtpx::engine::{Engine, EngineConfig, Prompt};
 use mtpx::kv::KvDtype;
+use mtpx::model::test_model::write_test_model;
 use mtpx::model::test_model::TestModelSpec;
+use mtpx::model::ModelBundle;
 use mtpx::session::SessionKey;
+use mtpx::tokenizer::{is_byte_level, token_bytes};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 fn key(id: &str) -> SessionKey {
@@ -128,4 +132,61 @@ async fn under_memory_pressure_the_least_recently_used_idle_session_gives_way() 
         !left.contains(&"older".to_string()),
         "the older session goes first: {left:?}"
     );
+}
+
+/// A sampled reply may split its text into tokens the tokenizer would not choose. The next turn,
+/// sent as text, still reuses the whole reply's K/V: the session's own tokens stand in for the
+/// fresh ones where they spell the same text.
+#[actix_rt::test]
+async fn a_sampled_reply_is_reused_whole_by_the_next_turn_sent_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_test_model(dir.path(), &TestModelSpec::default()).unwrap();
+    let bundle = ModelBundle::load(&path).unwrap();
+    // The reply is sampled from printable ASCII tokens: a lone byte of a character would come
+    // back as U+FFFD, which is not what the model said.
+    let tok = bundle.tokenizer.clone();
+    let byte_level = is_byte_level(&tok);
+    let not_ascii: std::collections::BTreeMap<u32, f32> = (0..tok.get_vocab_size(true) as u32)
+        .filter(|&id| {
+            let b = token_bytes(&tok, byte_level, id);
+            b.is_empty() || b.iter().any(|c| !(0x20..0x7f).contains(c))
+        })
+        .map(|id| (id, -100.0))
+        .collect();
+    let engine = Engine::start(bundle, cfg(Duration::from_secs(3600))).unwrap();
+    let chat = |messages: serde_json::Value, max_tokens: usize| {
+        let mut req = greedy_tokens(Vec::new(), max_tokens);
+        req.prompt = Prompt::Chat {
+            messages,
+            tools: None,
+        };
+        req.session = Some(key("sampled"));
+        req
+    };
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let mut first = chat(json!([user("hello there")]), 40);
+    first.sampling.temperature = 1.0;
+    first.sampling.seed = Some(7);
+    first.sampling.logit_bias.extend(not_ascii);
+    let reply = run(&engine, first).await;
+    assert!(reply.error.is_none(), "{:?}", reply.error);
+    assert_eq!(reply.token_ids.len(), 40);
+    // The premise: the tokenizer spells the reply with other tokens.
+    let fresh = engine
+        .tokenize(&Prompt::Text(reply.text.clone()))
+        .await
+        .unwrap();
+    assert_ne!(
+        fresh, reply.token_ids,
+        "this seed's reply is the tokenizer's own split"
+    );
+
+    let messages =
+        json!([user("hello there"), {"role": "assistant", "content": reply.text}, user("more")]);
+    let next = run(&engine, chat(messages.clone(), 8)).await;
+    assert!(next.error.is_none(), "{:?}", next.error);
+    // Everything the session computed: the first prompt and the reply but its last token.
+    assert_eq!(next.cached_tokens, reply.prompt_tokens + 39);
+    engine.clear_caches().await;
+    assert_eq!(engine.pool_stats().await.num_used, 0, "no page leaks");
 }

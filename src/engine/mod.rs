@@ -24,7 +24,9 @@ use crate::scheduler::{
     Settle, Submission,
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
-use crate::session::{BeginTurn, EndTurn, ReleaseAll, SessionActor, SessionInfo, SessionRegistry};
+use crate::session::{
+    BeginTurn, EndTurn, History, ReleaseAll, SessionActor, SessionInfo, SessionRegistry,
+};
 use crate::spec::cost::{measure_mtp_step, measure_row_cost, measure_step, DraftModelCosts};
 use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
 use crate::spec::drafter_kv::{ClearIdleDrafts, GetDraftPoolStats};
@@ -33,7 +35,7 @@ use crate::spec::{
     DraftSource::{DraftModel, Mtp},
     SeqSpec, SpecConfig, Verification,
 };
-use crate::tokenizer::actor::{Encode, EncodeChat, EncodeLiteral, TokenizerActor};
+use crate::tokenizer::actor::{Encode, EncodeChat, EncodeLiteral, Realign, TokenizerActor};
 use actix::prelude::*;
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -419,6 +421,26 @@ impl Engine {
         Ok(())
     }
 
+    /// A session's prompt sent as text, spelled with the session's own tokens where they say the
+    /// same (see [`crate::tokenizer::realign`]), when that reuses more of its K/V and still
+    /// fits the window.
+    async fn realigned(
+        &self,
+        session: &Addr<SessionActor>,
+        tokens: Vec<u32>,
+        max_tokens: usize,
+    ) -> Vec<u32> {
+        let history = match session.send(History).await {
+            Ok(history) if !history.is_empty() => history,
+            _ => return tokens,
+        };
+        let prompt = tokens.clone();
+        match self.encoders.send(Realign { history, prompt }).await {
+            Ok(Some(t)) if self.check_fits(t.len(), max_tokens).is_ok() => t,
+            _ => tokens,
+        }
+    }
+
     /// Hands an admitted request to the scheduler; on a refusal (a full queue) its session's
     /// turn ends unpublished, and a throwaway session lets its pages go.
     async fn enqueue(&self, submission: Submission) -> Result<(), EngineError> {
@@ -478,10 +500,16 @@ impl Engine {
                 (session, true, id)
             }
         };
+        let reuse = req.prompt_logprobs.is_none();
+        let tokens = if !ephemeral && reuse && !matches!(req.prompt, Prompt::Tokens(_)) {
+            self.realigned(&session, tokens, max_tokens).await
+        } else {
+            tokens
+        };
         let turn = session
             .send(BeginTurn {
                 prompt: tokens.clone(),
-                reuse: req.prompt_logprobs.is_none(),
+                reuse,
             })
             .await??;
         let (seq_tx, seq_rx) = unbounded_channel();

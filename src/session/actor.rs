@@ -286,6 +286,18 @@ impl Handler<Flush> for SessionActor {
     fn handle(&mut self, _: Flush, _: &mut Context<Self>) {}
 }
 
+/// The session's token history (the positions whose K/V it holds).
+#[derive(Message)]
+#[rtype(result = "Vec<u32>")]
+pub struct History;
+
+impl Handler<History> for SessionActor {
+    type Result = MessageResult<History>;
+    fn handle(&mut self, _: History, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.tokens.clone())
+    }
+}
+
 /// Release everything and stop, unless a turn is running (then reply `false`).
 #[derive(Message)]
 #[rtype(result = "bool")]

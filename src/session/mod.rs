@@ -5,7 +5,7 @@ pub mod actor;
 pub mod registry;
 
 pub use actor::{
-    BeginTurn, EndTurn, Flush, Grow, Grown, ReleaseAll, SessionActor, SessionInfo, Truncate,
-    TurnStart,
+    BeginTurn, EndTurn, Flush, Grow, Grown, History, ReleaseAll, SessionActor, SessionInfo,
+    Truncate, TurnStart,
 };
 pub use registry::{SessionKey, SessionRegistry};

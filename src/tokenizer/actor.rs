@@ -129,6 +129,22 @@ impl Handler<EncodeChat> for TokenizerActor {
     }
 }
 
+/// A session's next prompt with the session's own tokens where they spell the same text (see
+/// [`super::realign`]); `None` when that reuses nothing more.
+#[derive(Message)]
+#[rtype(result = "Option<Vec<u32>>")]
+pub struct Realign {
+    pub history: Vec<u32>,
+    pub prompt: Vec<u32>,
+}
+
+impl Handler<Realign> for TokenizerActor {
+    type Result = Option<Vec<u32>>;
+    fn handle(&mut self, msg: Realign, _: &mut SyncContext<Self>) -> Self::Result {
+        super::realign::realign_with(&self.tokenizer, &msg.history, &msg.prompt)
+    }
+}
+
 /// Append generated tokens to stream `stream_id`; replies with the text they complete.
 #[derive(Message)]
 #[rtype(result = "String")]

@@ -18,6 +18,7 @@ pub mod actor;
 mod gguf;
 mod incremental;
 mod pyjson;
+pub mod realign;
 pub(crate) mod template;
 
 pub use gguf::{load_tokenizer, tokenizer_from_gguf};
