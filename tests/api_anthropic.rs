@@ -142,7 +142,7 @@ async fn messages_match_chat_completions_and_stream_the_same_message() {
     let reply = post(&s.at("/v1/messages"), &streamed).await;
     assert_eq!(
         reply.header("content-type").as_deref(),
-        Some("text/event-stream")
+        Some("text/event-stream; charset=utf-8")
     );
     let message = assemble(&named_events(&reply));
     assert_eq!(message["content"], whole["content"]);

@@ -281,7 +281,7 @@ async fn a_streamed_background_response_outlives_its_stream_and_streams_again_fr
     assert_eq!(rest.status, 200, "{}", rest.text());
     assert_eq!(
         rest.header("content-type").as_deref(),
-        Some("text/event-stream")
+        Some("text/event-stream; charset=utf-8")
     );
     let rest = rest.events();
 

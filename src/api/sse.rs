@@ -62,7 +62,7 @@ where
 {
     let frames = frames.take_until(Box::pin(peer.hung_up()));
     HttpResponse::Ok()
-        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CONTENT_TYPE, "text/event-stream; charset=utf-8"))
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(with_keep_alive(frames, keep_alive))
