@@ -147,27 +147,32 @@ pub fn plan_step(
         if budget == 0 || plan.grants.len() == cfg.max_seqs {
             break;
         }
-        let chunk = seq
-            .max_chunk
-            .map_or(cfg.prefill_chunk, |c| c.min(cfg.prefill_chunk));
-        let num_tokens = seq.num_pending().min(chunk).min(budget);
-        let need = seq.pages_needed(num_tokens, cfg.page_size);
-        if need > free {
+        let grant = next_chunk(seq, budget, cfg);
+        if grant.num_new_pages > free {
             // Prefill waits for pages rather than preempting; later arrivals wait behind it so
             // a large prompt is not starved by small ones.
             break;
         }
-        free -= need;
-        budget -= num_tokens;
-        plan.grants.push(Grant {
-            seq_id: seq.id,
-            num_tokens,
-            num_drafts: 0,
-            num_new_pages: need,
-            wants_logits: num_tokens == seq.num_pending(),
-        });
+        free -= grant.num_new_pages;
+        budget -= grant.num_tokens;
+        plan.grants.push(grant);
     }
     plan
+}
+
+/// The grant of `seq`'s next prompt chunk within `budget` rows (with the pages it needs).
+fn next_chunk(seq: &Sequence, budget: usize, cfg: &SchedulerConfig) -> Grant {
+    let chunk = seq
+        .max_chunk
+        .map_or(cfg.prefill_chunk, |c| c.min(cfg.prefill_chunk));
+    let num_tokens = seq.num_pending().min(chunk).min(budget);
+    Grant {
+        seq_id: seq.id,
+        num_tokens,
+        num_drafts: 0,
+        num_new_pages: seq.pages_needed(num_tokens, cfg.page_size),
+        wants_logits: num_tokens == seq.num_pending(),
+    }
 }
 
 /// The step that breaks a stall among prompts being prefilled (rule 4): the highest-ranked
@@ -185,11 +190,8 @@ pub fn unblock_prefill(
     let Some(head) = by_rank.iter().copied().find(|s| s.is_prefilling()) else {
         return StepPlan::default();
     };
-    let chunk = head
-        .max_chunk
-        .map_or(cfg.prefill_chunk, |c| c.min(cfg.prefill_chunk));
-    let num_tokens = head.num_pending().min(chunk).min(cfg.max_batch_tokens);
-    let need = head.pages_needed(num_tokens, cfg.page_size);
+    let grant = next_chunk(head, cfg.max_batch_tokens, cfg);
+    let need = grant.num_new_pages;
     let mut plan = StepPlan::default();
     let mut free = free_pages;
     for victim in by_rank.iter().rev() {
@@ -204,13 +206,7 @@ pub fn unblock_prefill(
     if need > free {
         return StepPlan::default();
     }
-    plan.grants.push(Grant {
-        seq_id: head.id,
-        num_tokens,
-        num_drafts: 0,
-        num_new_pages: need,
-        wants_logits: num_tokens == head.num_pending(),
-    });
+    plan.grants.push(grant);
     plan
 }
 
