@@ -113,9 +113,23 @@ fn append_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), 
                 Some(Value::Array(parts)) => text_of_parts(i, parts)?,
                 _ => return Err(field_error(i, "output", "a string")),
             };
+            let call_id = str_field(i, item, "call_id")?;
+            // As OpenAI answers: an output must answer a call made earlier in the conversation
+            // (this input, or the chain `previous_response_id` continues).
+            let called = messages.iter().any(|m| {
+                m["tool_calls"]
+                    .as_array()
+                    .is_some_and(|calls| calls.iter().any(|c| c["id"] == call_id.as_str()))
+            });
+            if !called {
+                return Err(ApiError::invalid(
+                    Some(&format!("input[{i}].call_id")),
+                    format!("No tool call found for function call output with call_id {call_id}."),
+                ));
+            }
             messages.push(json!({
                 "role": "tool",
-                "tool_call_id": str_field(i, item, "call_id")?,
+                "tool_call_id": call_id,
                 "content": output,
             }));
         }
@@ -325,6 +339,22 @@ mod tests {
         let bad = Input::Items(vec![json!({"type": "function_call_output", "output": "x"})]);
         let e = append_input(&mut m, &bad).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
+        // An output for a call nobody made.
+        let stray = Input::Items(vec![
+            json!({"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "c9", "output": "x"}),
+        ]);
+        let e = append_input(&mut Vec::new(), &stray).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[1].call_id"));
+        assert!(e.message.contains("c9"), "{}", e.message);
+        // One answering a call the earlier turns made (the `previous_response_id` chain).
+        let mut earlier = vec![json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "c9", "type": "function", "function": {"name": "read", "arguments": {}}}]})];
+        let answer = Input::Items(vec![
+            json!({"type": "function_call_output", "call_id": "c9", "output": "x"}),
+        ]);
+        append_input(&mut earlier, &answer).unwrap();
+        assert_eq!(earlier[1]["tool_call_id"], "c9");
         let e = chat_tools(&[json!({"type": "web_search"})]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools[0].type"));
         assert_eq!(e.code, Some("unsupported_tool"));
