@@ -88,6 +88,14 @@ def test_previous_response_id_continues_with_tool_rounds(client):
         cached = r.usage.input_tokens_details.cached_tokens
         assert cached >= prev_input - prev_input % PAGE, (cached, prev_input)
         prev = r
+    # An output answers a call made anywhere earlier in the chain, and only such a call.
+    late = create(client, tools=TOOLS, previous_response_id=prev.id,
+                  input=[{"type": "function_call_output", "call_id": "call_1", "output": "again"}])
+    assert late.previous_response_id == prev.id
+    with pytest.raises(openai.BadRequestError, match="call_9") as e:
+        create(client, tools=TOOLS, previous_response_id=prev.id,
+               input=[{"type": "function_call_output", "call_id": "call_9", "output": "x"}])
+    assert e.value.param == "input[0].call_id"
 
 
 def test_errors_are_openai_errors(client):
