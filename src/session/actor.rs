@@ -13,6 +13,7 @@
 use crate::error::EngineError;
 use crate::kv::pool_actor::{Allocate, LookupPrefix, PagePoolActor, PublishPrefix, Release};
 use crate::kv::{PageCopy, PageId, PageTable};
+use crate::tokenizer::common_prefix;
 use actix::prelude::*;
 use std::time::Instant;
 
@@ -342,8 +343,4 @@ impl Handler<GetSessionInfo> for SessionActor {
             idle_s: self.last_used.elapsed().as_secs(),
         })
     }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

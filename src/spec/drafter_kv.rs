@@ -261,10 +261,7 @@ impl<'a, X> Tables<'a, X> {
     }
 }
 
-/// How many leading tokens `held` and `tokens` share.
-pub fn common_prefix(held: &[u32], tokens: &[u32]) -> usize {
-    held.iter().zip(tokens).take_while(|(a, b)| a == b).count()
-}
+pub use crate::tokenizer::common_prefix;
 
 /// Draws the next draft from a drafter's logits `row` (`[num_vocab]`) given `history` (the
 /// committed tokens, then the drafts so far; the first `num_prompt` are the prompt): the argmax

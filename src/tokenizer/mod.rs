@@ -25,6 +25,11 @@ pub use gguf::{load_tokenizer, tokenizer_from_gguf};
 pub use incremental::IncrementalDecoder;
 pub use template::ChatTemplate;
 
+/// How many leading tokens `a` and `b` share.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Whether the tokenizer decodes byte-level (GPT-2-style) vocabulary entries, as every GGUF
 /// tokenizer mtpx builds does; a `tokenizer.json` beside the weights may be SentencePiece.
 pub fn is_byte_level(tokenizer: &tokenizers::Tokenizer) -> bool {

@@ -27,11 +27,7 @@ pub fn realign(
     canonical: &[u32],
     piece: impl Fn(u32) -> Piece,
 ) -> Option<Vec<u32>> {
-    let shared = history
-        .iter()
-        .zip(canonical)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let shared = super::common_prefix(history, canonical);
     if shared == history.len() || shared == canonical.len() {
         return None;
     }
