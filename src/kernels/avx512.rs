@@ -418,7 +418,8 @@ unsafe fn q4k_impl<const R: usize>(w: &[u8], acts: &[ActQ8K], out: &mut [f32], n
 /// bytes: part `H` takes the low nibbles of `ql[H]` and bits `2H..2H + 2` of `qh`, part `H + 2`
 /// the high nibbles and bits `2H + 4..2H + 6`, so each 64-byte load of `ql` and `qh` is
 /// unpacked into two weight vectors (a shift, an `and` and a `vpternlogd` merge each).
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k_unpack<const R: usize, const H: usize>(
     p: *const u8,
     n: usize,
@@ -458,7 +459,8 @@ unsafe fn q6k_unpack<const R: usize, const H: usize>(
 /// its two chains while it runs and its sum across them: up to 10 rows take one pass (the
 /// unpacking is not repeated per chunk of rows, and different rows' sums are independent for
 /// out-of-order issue).
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k_sub_blocks<const R: usize, const H: usize>(
     p: *const u8,
     n: usize,

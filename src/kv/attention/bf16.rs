@@ -21,10 +21,12 @@ use crate::kernels::math::exp_nonpositive;
 use crate::kv::storage::HeadRows;
 use std::arch::x86_64::*;
 
-/// Whether this CPU runs the kernels (AVX-512 F/BW and BF16).
+/// Whether this CPU runs the kernels (AVX-512 F/BW/VL and BF16; VL for the masked 256- and
+/// 128-bit loads of f16 and q8 pages).
 pub fn is_supported() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512bf16")
 }
 
@@ -48,7 +50,7 @@ pub(super) const INTERLEAVE: [u16; 32] = {
 ///
 /// # Safety
 /// The CPU must support the kernels; `a`, `b` hold `n` floats and `out` `n` pairs.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn pack_pairs(a: *const f32, b: *const f32, n: usize, out: *mut u32) {
     let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
     for i in (0..n).step_by(16) {
@@ -75,7 +77,8 @@ pub(super) trait PageSrc: Copy {
     ///
     /// # Safety
     /// As [`PageSrc::load16`].
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn centred16(self, at: usize, m: __mmask16, scale: __m512, centre: __m512) -> __m512 {
         _mm512_sub_ps(self.load16(at, m, scale), centre)
     }
@@ -84,7 +87,8 @@ pub(super) trait PageSrc: Copy {
     ///
     /// # Safety
     /// As [`PageSrc::load16`].
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn slot_scales(self, _slot: usize, _m: __mmask16) -> __m512 {
         _mm512_setzero_ps()
     }
@@ -93,7 +97,8 @@ pub(super) trait PageSrc: Copy {
     ///
     /// # Safety
     /// `slot` must lie inside the block.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn slot_scale(self, _slot: usize) -> __m512 {
         _mm512_setzero_ps()
     }
@@ -117,7 +122,8 @@ impl PageSrc for F16Page {
         };
         F16Page(src.as_ptr().cast())
     }
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn load16(self, at: usize, m: __mmask16, _: __m512) -> __m512 {
         _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, self.0.add(at).cast()))
     }
@@ -131,7 +137,8 @@ impl PageSrc for F32Page {
         };
         F32Page(src.as_ptr())
     }
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn load16(self, at: usize, m: __mmask16, _: __m512) -> __m512 {
         _mm512_maskz_loadu_ps(m, self.0.add(at))
     }
@@ -139,7 +146,8 @@ impl PageSrc for F32Page {
 
 impl Q8Page {
     /// The 16 integers from element `at` as f32 (lanes outside `m` 0).
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn ints16(self, at: usize, m: __mmask16) -> __m512 {
         let q = _mm_maskz_loadu_epi8(m, self.values.add(at).cast());
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))
@@ -157,19 +165,23 @@ impl PageSrc for Q8Page {
             scales: scales.as_ptr(),
         }
     }
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn load16(self, at: usize, m: __mmask16, scale: __m512) -> __m512 {
         _mm512_mul_ps(self.ints16(at, m), scale)
     }
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn centred16(self, at: usize, m: __mmask16, scale: __m512, centre: __m512) -> __m512 {
         _mm512_fmsub_ps(self.ints16(at, m), scale, centre)
     }
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn slot_scales(self, slot: usize, m: __mmask16) -> __m512 {
         _mm512_maskz_loadu_ps(m, self.scales.add(slot))
     }
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn slot_scale(self, slot: usize) -> __m512 {
         _mm512_set1_ps(*self.scales.add(slot))
     }
@@ -191,7 +203,7 @@ pub(super) use with_page_src;
 /// `page_size` apart: the (`k[2p][j..]` − `r[2p]`, `k[2p + 1][j..]` − `r[2p + 1]`) pairs in bf16,
 /// `k[d][j]` decoded as [`HeadRows::decode_columns`] decodes it (`scale`: the slots' q8 scales).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn key_pair<S: PageSrc>(
     page: S,
@@ -211,7 +223,7 @@ pub(super) unsafe fn key_pair<S: PageSrc>(
 /// page holding `n` of the block's slots: (`v[a][d..]`, `v[a + 1][d..]`) in bf16, a slot at or
 /// past `n` reading as 0, `v` decoded as [`HeadRows::decode_rows`] decodes it.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn value_pair<S: PageSrc>(
     page: S,
@@ -253,7 +265,7 @@ pub unsafe fn key_pairs(
     )
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 unsafe fn key_pairs_of<S: PageSrc>(
     page: S,
     page_size: usize,
@@ -290,7 +302,7 @@ pub unsafe fn value_pairs(
     with_page_src!(rows, value_pairs_of(num_slots, head_dim, out, out_stride))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 unsafe fn value_pairs_of<S: PageSrc>(
     page: S,
     num_slots: usize,
@@ -310,7 +322,7 @@ unsafe fn value_pairs_of<S: PageSrc>(
 
 /// `(bf16(a[i]), bf16(b[i]))` as 16 32-bit pairs (`idx`: [`INTERLEAVE`] loaded).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub(super) unsafe fn interleave(a: __m512, b: __m512, idx: __m512i) -> __m512i {
     let halves = _mm512_cvtne2ps_pbh(b, a);
     _mm512_permutexvar_epi16(idx, std::mem::transmute::<__m512bh, __m512i>(halves))
@@ -321,7 +333,7 @@ pub(super) unsafe fn interleave(a: __m512, b: __m512, idx: __m512i) -> __m512i {
 ///
 /// # Safety
 /// The CPU must support the kernels; `x` and `out` hold `n` values.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn to_bf16(x: *const f32, n: usize, out: *mut u16) {
     for i in (0..n).step_by(16) {
         let h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x.add(i)));
@@ -339,7 +351,7 @@ pub unsafe fn to_bf16(x: *const f32, n: usize, out: *mut u16) {
 ///
 /// # Safety
 /// The CPU must support the kernels and every index above must be inside its buffer.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn offsets(
     qt: *const f32,
     qt_stride: usize,
@@ -370,7 +382,7 @@ pub unsafe fn offsets(
 /// # Safety
 /// The CPU must support the kernels and every index above must be inside its buffer.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn scores(
     q: *const u16,
     q_stride: usize,
@@ -449,7 +461,7 @@ impl Out {
 
 /// `L` lanes × `16 · KC` keys from key `j`, all accumulators in registers.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn scores_tile<const L: usize, const KC: usize>(
     q: *const u16,
     q_stride: usize,
@@ -470,7 +482,7 @@ unsafe fn scores_tile<const L: usize, const KC: usize>(
 ///
 /// # Safety
 /// The CPU must support the kernels and every index above must be inside its buffer.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn take_maxima(
     s: *const f32,
     s_stride: usize,
@@ -509,7 +521,7 @@ pub(super) enum Weights {
 /// # Safety
 /// The CPU must support the kernels; `row` holds `n` finite floats and `out` `n` values.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn softmax_weights(
     row: *const f32,
     visible: usize,
@@ -609,7 +621,7 @@ pub unsafe fn lane_max(maxima: *const f32) -> f32 {
 /// # Safety
 /// As [`softmax_weights`]; `o` holds `hdp` floats (a multiple of 16), `sums` 16.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn softmax_lane(
     row: *const f32,
     visible: usize,
@@ -632,7 +644,7 @@ pub unsafe fn softmax_lane(
 ///
 /// # Safety
 /// The CPU must support the kernels; `sums` holds 16 floats.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn reduce_sums(sums: *const f32) -> f32 {
     _mm512_reduce_add_ps(_mm512_loadu_ps(sums))
 }
@@ -666,7 +678,7 @@ pub(super) fn live(visible: usize, j: usize) -> __mmask16 {
 ///
 /// # Safety
 /// The CPU must support the kernels and every index above must be inside its buffer.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn accumulate(
     w: *const u16,
     w_stride: usize,
@@ -684,7 +696,7 @@ pub unsafe fn accumulate(
 
 /// `L` lanes × `16 · DC` output dimensions, all accumulators in registers.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn accumulate_tile<const L: usize, const DC: usize>(
     w: *const u16,
     w_stride: usize,
@@ -712,7 +724,7 @@ unsafe fn accumulate_tile<const L: usize, const DC: usize>(
 /// `a + l · a_stride` (each broadcast) and row `p` of `b` at `b + p · b_stride` (16 pairs a
 /// vector).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn dot_pairs<const L: usize, const C: usize>(
     acc: &mut [[__m512; C]; L],
     a: *const u16,

@@ -130,7 +130,7 @@ type ScoresArgs<'a, 'b> = (
     &'a Out,
 );
 
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 unsafe fn scores_of<S: PageSrc>(_: S, lanes: usize, keys: usize, args: ScoresArgs) {
     by_tiles!(lanes, keys, j => scores_tile::<S>(j, args));
 }
@@ -138,7 +138,7 @@ unsafe fn scores_of<S: PageSrc>(_: S, lanes: usize, keys: usize, args: ScoresArg
 /// `L` lanes × `16 · KC` keys from key `j`: `bf16::scores_tile` with each K pair built from
 /// the pages as it is needed.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 unsafe fn scores_tile<S: PageSrc, const L: usize, const KC: usize>(
     j: usize,
     (pages, head_dim, r, q, q_stride, out): ScoresArgs,
@@ -218,7 +218,7 @@ type AccumulateArgs<'a, 'b> = (
     usize,
 );
 
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 unsafe fn accumulate_of<S: PageSrc>(_: S, lanes: usize, args: AccumulateArgs) {
     let o_stride = args.5;
     by_tiles!(lanes, o_stride, d => accumulate_tile::<S>(d, args));
@@ -227,7 +227,7 @@ unsafe fn accumulate_of<S: PageSrc>(_: S, lanes: usize, args: AccumulateArgs) {
 /// `L` lanes × `16 · DC` dimensions from `d`: `bf16::accumulate_tile` with each V pair built
 /// from the pages as it is needed.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
 unsafe fn accumulate_tile<S: PageSrc, const L: usize, const DC: usize>(
     d: usize,
     (pages, w, w_stride, pairs, o, head_dim): AccumulateArgs,

@@ -310,8 +310,11 @@ unsafe fn values_tile<const L: usize, const DC: usize>(
 /// only. (The compiler folds it only where a broadcast feeds one multiply-add.)
 ///
 /// # Safety
-/// The CPU must support AVX-512 FP16; `w` must be readable.
-#[inline(always)]
+/// The CPU must support AVX-512 FP16; `w` must be readable. The function carries its own target
+/// features (a `zmm` operand needs `avx512f` on the function itself, whatever `-C target-cpu`
+/// says); its callers have the same ones, so it still inlines into their loops.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
 unsafe fn fmadd_broadcast(acc: __m512h, x: __m512h, w: *const u16) -> __m512h {
     let mut acc = _mm512_castph_ps(acc);
     std::arch::asm!(

@@ -320,7 +320,7 @@ mod avx512 {
         ((1u32 << n) - 1) as __mmask16
     }
 
-    #[target_feature(enable = "avx512f,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     pub unsafe fn decode_columns(
         rows: &HeadRows,
         page_size: usize,
