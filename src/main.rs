@@ -1,5 +1,3 @@
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -8,7 +6,7 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match mtpx::cli::Cli::parse().run() {
+    match mtpx::cli::Cli::parse_args().run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -400,6 +400,28 @@ fn the_expected_paths_are_detected() {
     }
 }
 
+/// Which paths the comparisons above ran on this CPU and which it cannot run, for the CI log
+/// (`tests/run.sh` runs this with `--nocapture`): an AVX2-only host must say that it skipped the
+/// AVX-512 paths, not pass silently. An AVX-512 host runs the AVX2 path too.
+#[test]
+fn paths_on_this_cpu() {
+    let name = |d: &Dispatch| format!("{d:?}").to_lowercase();
+    let (ran, skipped): (Vec<Dispatch>, Vec<Dispatch>) =
+        Dispatch::ALL.into_iter().partition(|d| d.is_supported());
+    println!(
+        "matmul kernel paths tested: {}; not on this CPU: {}",
+        ran.iter().map(name).collect::<Vec<_>>().join(" "),
+        skipped.iter().map(name).collect::<Vec<_>>().join(" ")
+    );
+    assert_eq!(ran, Dispatch::supported());
+    if Dispatch::supported().contains(&Dispatch::Avx512) {
+        assert!(
+            ran.contains(&Dispatch::Avx2),
+            "an AVX-512 host tests AVX2 as well"
+        );
+    }
+}
+
 #[test]
 fn unsupported_formats_are_named() {
     let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();

@@ -57,6 +57,25 @@ fn run_case(case: &Case) -> f64 {
     worst
 }
 
+/// Which attention paths `run_case` compares on this CPU, for the CI log (`tests/run.sh` runs
+/// this with `--nocapture`): the f32 products on each instruction set the CPU has (on AVX2 with
+/// f16 K/V read in place from the pages), and the bf16 / AMX / int8 / fp16 products where the
+/// CPU has AVX-512 BF16, AMX, VNNI + VBMI or FP16.
+#[test]
+fn paths_on_this_cpu() {
+    let paths = AttentionPath::supported();
+    let names: Vec<String> = paths.iter().map(|p| p.name()).collect();
+    println!("attention paths tested: {}", names.join(", "));
+    for dtype in [KvDtype::F16, KvDtype::Q8, KvDtype::F32] {
+        let default = AttentionPath::for_kv(dtype);
+        println!("  default for {dtype:?} K/V: {}", default.name());
+        assert!(
+            paths.contains(&default),
+            "the default path is among those tested"
+        );
+    }
+}
+
 /// A case's pages, written, with its rows and queries and the f32 K/V they were written from.
 struct Fixture {
     case_heads: (usize, usize, usize),

@@ -74,6 +74,34 @@ echo "$TOKENIZER_JSON" >&2
 step "cargo build --release"
 cargo build --release
 
+step "mtpx --version: this CPU and the kernel and attention paths the build picks on it"
+target/release/mtpx --version
+
+# A SIMD function that leans on the global `-C target-cpu` instead of its own
+# `#[target_feature]` compiles on the machine that wrote it and nowhere else (an `asm!` on zmm
+# registers broke every AVX2-only build once), and an intrinsic its function lacks the feature
+# for is called out of line in every iteration. So the crate is checked for the CPUs people
+# have, each with its own target dir (RUSTFLAGS are part of the dependency cache key).
+step "Every CPU target compiles: x86-64 (baseline), x86-64-v3 (AVX2), aarch64-apple-darwin, native benches"
+if [ "$(uname -m)" = x86_64 ]; then
+    RUSTFLAGS="-C target-cpu=x86-64-v3" cargo check --release --all-targets \
+        --target-dir target/check-x86-64-v3 || fail "cargo check with -C target-cpu=x86-64-v3 failed"
+    # The baseline CPU: the library is built rather than checked (every SIMD function is in the
+    # library; tests and benches hold none), so that with no SIMD feature enabled globally an
+    # intrinsic left un-inlined (its caller lacks a feature it needs) shows up as a symbol.
+    RUSTFLAGS="-C target-cpu=x86-64" cargo build --release --lib --target-dir target/check-x86-64 \
+        || fail "cargo build --lib with -C target-cpu=x86-64 failed"
+    bash tests/check_intrinsics_inlined.sh target/check-x86-64/release/libmtpx.rlib \
+        || fail "SIMD intrinsics called out of line (see above)"
+fi
+DARWIN=aarch64-apple-darwin
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$DARWIN"; then
+    rustup target add "$DARWIN" || fail "rustup target add $DARWIN failed"
+fi
+cargo check --release --all-targets --target "$DARWIN" \
+    || fail "cargo check --target $DARWIN (macOS on Apple silicon) failed"
+cargo build --release --benches || fail "the benches do not build"
+
 for model in "${CI_MODELS[@]}"; do
     step "mtpx pull $model"
     target/release/mtpx pull "$model" || fail "mtpx pull $model failed"
@@ -82,6 +110,10 @@ done
 step "cargo test --release"
 export MTPX_PYTHON="$ROOT/.venv/bin/python"
 cargo test --release "$@"
+
+step "The kernel and attention paths those tests ran on this CPU"
+cargo test --release --test kernels --test paged_attention paths_on_this_cpu -- --nocapture 2>&1 \
+    | grep -E "paths tested|default for" || fail "the path report did not run"
 
 # On CPUs with AMX-INT8 the int8 attention path runs rows of several lane chunks on tiles; the
 # VNNI kernels it has for them (every other CPU's) are checked here too.

@@ -137,6 +137,29 @@ fn gauge(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::
 }
 
 /// The whole exposition text.
+/// `mtpx_simd_info{cpu=…,kernel=…,attention_f16=…,…} 1`: which code paths this process takes
+/// on this CPU (as `mtpx --version` prints them), for a scrape or a bug report.
+fn write_simd_info(out: &mut String) {
+    let report = crate::kv::SimdReport::current();
+    let escape = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut labels = format!(
+        "cpu=\"{}\",features=\"{}\",built_for=\"{}\",kernel=\"{}\"",
+        escape(&report.cpu),
+        report.detected.join(" "),
+        report.built_for.join(" "),
+        report.kernel_name(),
+    );
+    for (dtype, path) in &report.attention {
+        let dtype = format!("{dtype:?}").to_lowercase();
+        let _ = write!(labels, ",attention_{dtype}=\"{}\"", path.name());
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mtpx_simd_info The CPU and the instruction-set paths this process runs on it.\n\
+         # TYPE mtpx_simd_info gauge\nmtpx_simd_info{{{labels}}} 1"
+    );
+}
+
 pub async fn render(state: &AppState) -> String {
     let m = &state.metrics;
     let mut out = String::new();
@@ -179,6 +202,7 @@ pub async fn render(state: &AppState) -> String {
         "mtpx_inter_token_seconds",
         "Between consecutive generated tokens of a request.",
     );
+    write_simd_info(&mut out);
     gauge(
         &mut out,
         "mtpx_ready",

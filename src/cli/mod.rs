@@ -121,6 +121,21 @@ impl SamplingArgs {
 }
 
 impl Cli {
+    /// Parses the process's arguments. `--version` also prints the CPU and the kernel and
+    /// attention paths this binary picks on it (`-V` the version alone).
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let long = format!(
+            "{}\n{}",
+            env!("CARGO_PKG_VERSION"),
+            crate::kv::SimdReport::current()
+        );
+        let matches = Cli::command()
+            .long_version(&*Box::leak(long.into_boxed_str()))
+            .get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
     pub fn run(self) -> Result<()> {
         match self.command {
             Command::Pull { name, verify } => {

@@ -55,6 +55,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod buffer;
+pub mod cpu;
 mod dispatch;
 mod layout;
 pub mod math;

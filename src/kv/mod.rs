@@ -11,7 +11,7 @@ pub mod storage;
 pub mod table;
 
 pub use attention::{
-    paged_attention, paged_attention_with, AttentionPath, AttentionRow, AttentionShape,
+    paged_attention, paged_attention_with, AttentionPath, AttentionRow, AttentionShape, SimdReport,
 };
 pub use pool::{PageId, PagePool, PoolStats};
 pub use storage::{HeadRows, KvDtype, KvKind, KvShape, KvStorage, PageCopy};

@@ -60,7 +60,7 @@ use super::storage::KvDtype;
 use super::storage::{KvKind, KvStorage};
 use crate::kernels::math::exp_nonpositive;
 use crate::kernels::Dispatch;
-pub use path::AttentionPath;
+pub use path::{AttentionPath, SimdReport};
 use plan::{block_keys, lanes, partial_len, plan_tasks, segment_keys, Multi, Task};
 use scratch::{Scratch, ScratchLayout, PARTIALS, SCRATCH};
 

@@ -143,3 +143,60 @@ fn bf16_supported() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
+
+/// Which paths this process takes on this CPU: the matmul kernels' and, for each K/V element
+/// type, attention's. What `mtpx --version` prints and `/metrics` exports, so that a report
+/// from another machine says which code ran.
+#[derive(Debug, Clone)]
+pub struct SimdReport {
+    pub cpu: String,
+    /// Dispatched-on features the CPU has.
+    pub detected: Vec<&'static str>,
+    /// Dispatched-on features the binary was built to assume (`-C target-cpu`).
+    pub built_for: Vec<&'static str>,
+    pub kernel: Dispatch,
+    pub attention: Vec<(KvDtype, AttentionPath)>,
+}
+
+impl SimdReport {
+    pub fn current() -> SimdReport {
+        use crate::kernels::cpu;
+        SimdReport {
+            cpu: cpu::cpu_name(),
+            detected: cpu::detected_features(),
+            built_for: cpu::built_features(),
+            kernel: Dispatch::active(),
+            attention: [KvDtype::F16, KvDtype::Q8, KvDtype::F32]
+                .into_iter()
+                .map(|d| (d, AttentionPath::for_kv(d)))
+                .collect(),
+        }
+    }
+
+    /// The kernel path's name as `MTPX_KERNEL` spells it.
+    pub fn kernel_name(&self) -> String {
+        format!("{:?}", self.kernel).to_lowercase()
+    }
+}
+
+impl std::fmt::Display for SimdReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[&str]| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(" ")
+            }
+        };
+        writeln!(f, "cpu: {}", self.cpu)?;
+        writeln!(f, "cpu features: {}", list(&self.detected))?;
+        writeln!(f, "built for: {}", list(&self.built_for))?;
+        writeln!(f, "matmul kernels: {}", self.kernel_name())?;
+        let attention: Vec<String> = self
+            .attention
+            .iter()
+            .map(|(d, p)| format!("{} K/V {}", format!("{d:?}").to_lowercase(), p.name()))
+            .collect();
+        write!(f, "attention: {}", attention.join(", "))
+    }
+}
