@@ -78,11 +78,14 @@ async fn agent_session(speculative: SpecConfig) -> SpecCounters {
         intermediate: 64,
         ..TestModelSpec::default()
     };
+    // Strict: the turn past the window is refused rather than cut (the default serves it up
+    // to the window; `tests/engine.rs` checks both).
     let cfg = EngineConfig {
         context_window: Some(WINDOW),
         kv_memory: KvMemory::Bytes(256 << 20),
         kv_dtype: KvDtype::F16,
         speculative,
+        strict_max_tokens: true,
         ..EngineConfig::default()
     };
     let t = start_engine(&spec, cfg);

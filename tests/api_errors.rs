@@ -1,6 +1,8 @@
 //! Every client error over real HTTP is OpenAI-shaped with the right status, and never a 500:
-//! malformed JSON, bad fields (named), context_length_exceeded before inference, 401, 404,
-//! 413, 503 overloaded / loading; a client that disconnects mid-stream frees its pages.
+//! malformed JSON, bad fields (named), context_length_exceeded before inference (a prompt that
+//! does not fit; with `--strict-max-tokens`, `max_tokens` past the window too, which is
+//! otherwise served up to the window), 401, 404, 413, 503 overloaded / loading; a client that
+//! disconnects mid-stream frees its pages.
 
 #[path = "fixtures/api/client.rs"]
 mod client;
@@ -147,7 +149,11 @@ async fn bad_requests_are_400s_that_name_the_field() {
 
 #[actix_rt::test]
 async fn context_length_exceeded_is_refused_before_inference_with_counts() {
-    let s = TestServer::start(&TestModelSpec::default(), engine_cfg(), test_config()).unwrap();
+    let strict = EngineConfig {
+        strict_max_tokens: true,
+        ..engine_cfg()
+    };
+    let s = TestServer::start(&TestModelSpec::default(), strict, test_config()).unwrap();
     let body = json!({"messages": user("hello"), "max_tokens": WINDOW});
     let steps_before = s.engine().scheduler_stats().await.num_steps;
     for stream in [false, true] {
@@ -192,6 +198,87 @@ async fn context_length_exceeded_is_refused_before_inference_with_counts() {
     .await;
     assert_eq!(reply.error()["code"], "context_length_exceeded");
     assert_eq!(reply.error()["param"], "input");
+    s.stop().await;
+}
+
+/// Agents send large defaults (opencode `max_tokens: 32000`, Claude Code 32000) whatever the
+/// prompt: a prompt that fits is served up to the window, the cut reported in `usage`, on every
+/// API; a prompt that leaves no room is still refused before inference.
+#[actix_rt::test]
+async fn max_tokens_past_the_window_is_served_up_to_the_window() {
+    let s = TestServer::start(&TestModelSpec::default(), engine_cfg(), test_config()).unwrap();
+    for stream in [false, true] {
+        let body = json!({"messages": user("hello"), "max_tokens": 32000, "stream": stream,
+            "stream_options": {"include_usage": true}, "ignore_eos": true});
+        let reply = post(&s.at("/v1/chat/completions"), &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let usage = if stream {
+            let chunks = reply.events();
+            let last = chunks
+                .iter()
+                .rev()
+                .find(|c| c.get("usage").is_some_and(|u| !u.is_null()))
+                .unwrap()
+                .clone();
+            let finish = chunks.iter().find_map(|c| {
+                c["choices"][0]["finish_reason"]
+                    .as_str()
+                    .map(str::to_string)
+            });
+            assert_eq!(finish.as_deref(), Some("length"));
+            last["usage"].clone()
+        } else {
+            assert_eq!(reply.json()["choices"][0]["finish_reason"], "length");
+            reply.json()["usage"].clone()
+        };
+        let prompt = usage["prompt_tokens"].as_u64().unwrap() as usize;
+        let served = WINDOW - prompt;
+        assert_eq!(usage["completion_tokens"], served, "ran to the window");
+        assert_eq!(
+            usage["max_tokens_clamped"],
+            json!({"requested": 32000, "served": served})
+        );
+    }
+    // A max_tokens that fits is not reported as cut.
+    let fits = post(
+        &s.at("/v1/chat/completions"),
+        &json!({"messages": user("hello"), "max_tokens": 3}),
+    )
+    .await
+    .json();
+    assert!(fits["usage"].get("max_tokens_clamped").is_none(), "{fits}");
+    let responses = post(
+        &s.at("/v1/responses"),
+        &json!({"input": "hello", "max_output_tokens": 32000, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(responses.status, 200, "{}", responses.text());
+    let usage = &responses.json()["usage"];
+    assert_eq!(usage["max_tokens_clamped"]["requested"], 32000);
+    assert_eq!(
+        usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap(),
+        WINDOW as u64
+    );
+    let messages = post(
+        &s.at("/v1/messages"),
+        &json!({"model": "x", "max_tokens": 32000, "messages": user("hello")}),
+    )
+    .await;
+    assert_eq!(messages.status, 200, "{}", messages.text());
+    let completion = post(
+        &s.at("/completion"),
+        &json!({"prompt": "x", "n_predict": 5000}),
+    )
+    .await;
+    assert_eq!(completion.status, 200, "{}", completion.text());
+    // A prompt that fills the window leaves no room: refused as before.
+    let long_prompt = "word ".repeat(3000);
+    let refused = post(
+        &s.at("/v1/chat/completions"),
+        &json!({"messages": user(&long_prompt), "max_tokens": 10}),
+    )
+    .await;
+    assert_eq!(refused.error()["code"], "context_length_exceeded");
     s.stop().await;
 }
 

@@ -428,9 +428,11 @@ async fn llama_cpp_completion_and_infill_routes_answer_as_llama_cpp_does() {
         "{}",
         refused.text()
     );
+    // `n_predict` is a ceiling, as in llama.cpp; a prompt past the window is refused.
+    let window = s.engine().info().context_window;
     let refused = post(
         &s.at("/completion"),
-        &json!({"prompt": "x", "n_predict": 5000}),
+        &json!({"prompt": "x ".repeat(window + 8), "n_predict": 8}),
     )
     .await;
     assert_eq!(refused.status, 400, "{}", refused.text());

@@ -10,7 +10,7 @@ use mtpx::engine::{EngineConfig, GenerateRequest, Prompt};
 use mtpx::error::EngineError;
 use mtpx::kv::KvDtype;
 use mtpx::model::test_model::TestModelSpec;
-use mtpx::scheduler::FinishReason;
+use mtpx::scheduler::{FinishReason, MaxTokensCut};
 use mtpx::session::SessionKey;
 
 fn cfg() -> EngineConfig {
@@ -317,6 +317,7 @@ async fn a_scored_prompt_gives_each_token_the_logprob_decoding_gave_it() {
 async fn requests_that_cannot_fit_are_refused_before_inference() {
     let capped = EngineConfig {
         context_window: Some(1000),
+        strict_max_tokens: true,
         ..cfg()
     };
     let t = start_engine(&TestModelSpec::default(), capped);
@@ -338,6 +339,36 @@ async fn requests_that_cannot_fit_are_refused_before_inference() {
     assert!(out.token_ids.len() <= 10);
     let out = run(&t.engine, greedy_tokens(Vec::new(), 4)).await;
     assert!(matches!(out.error, Some(EngineError::InvalidRequest(_))));
+    drop(t);
+
+    // By default `max_tokens` is a ceiling: the same request runs to the window, the cut in
+    // its usage; a prompt that fills the window is still refused.
+    let t = start_engine(
+        &TestModelSpec::default(),
+        EngineConfig {
+            context_window: Some(1000),
+            ..cfg()
+        },
+    );
+    let mut req = greedy_tokens(token_ids(1, 900), 101);
+    req.ignore_eos = true;
+    let out = run(&t.engine, req).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.finish, Some(FinishReason::Length));
+    assert_eq!(out.token_ids.len(), 100);
+    assert_eq!(
+        out.usage.max_tokens_cut,
+        Some(MaxTokensCut {
+            requested: 101,
+            served: 100
+        })
+    );
+    let out = run(&t.engine, greedy_tokens(token_ids(1, 1000), 1)).await;
+    assert!(
+        matches!(out.error, Some(EngineError::ContextLengthExceeded { .. })),
+        "{:?}",
+        out.error
+    );
     t.engine.clear_caches().await;
     assert_eq!(t.engine.pool_stats().await.num_used, 0);
 }

@@ -59,6 +59,46 @@ async fn a_rerendered_history_is_reused_up_to_the_divergence() {
     assert_eq!(t.engine.pool_stats().await.num_used, 0, "no page leaks");
 }
 
+/// A client sends its session key with a side request too (opencode's title request): the
+/// session then holds that request's short conversation, and the next turn of the real one,
+/// computed meanwhile without the session, is found in the prefix cache rather than computed
+/// again, and gives the same output as a cold run.
+#[actix_rt::test]
+async fn a_turn_takes_the_prefix_cache_when_it_holds_more_than_the_session() {
+    let t = start_engine(&TestModelSpec::default(), cfg(Duration::from_secs(3600)));
+    let system = token_ids(1, 40);
+    let mut turn = system.clone();
+    turn.extend(token_ids(2, 500));
+    // The turn itself, computed without the session (it was busy with the side request).
+    assert!(run(&t.engine, greedy_tokens(turn.clone(), 4))
+        .await
+        .error
+        .is_none());
+    // The side request shares only the system prompt; the session now holds it.
+    let mut side = system.clone();
+    side.extend(token_ids(3, 30));
+    let mut req = greedy_tokens(side, 4);
+    req.session = Some(key("ses"));
+    assert!(run(&t.engine, req).await.error.is_none());
+    // The next turn, in the session: the cache has all 540 prompt tokens of the turn.
+    let mut next = turn.clone();
+    next.extend(token_ids(4, 20));
+    let mut req = greedy_with_logprobs(next.clone(), 8);
+    req.session = Some(key("ses"));
+    let out = run(&t.engine, req).await;
+    assert!(
+        out.cached_tokens >= 528,
+        "found {} cached tokens of the turn's 540",
+        out.cached_tokens
+    );
+    t.engine.clear_caches().await;
+    let cold = run(&t.engine, greedy_with_logprobs(next, 8)).await;
+    assert_eq!(cold.cached_tokens, 0);
+    assert_same_generation(&cold, &out, 1e-4);
+    t.engine.clear_caches().await;
+    assert_eq!(t.engine.pool_stats().await.num_used, 0, "no page leaks");
+}
+
 #[actix_rt::test]
 async fn sessions_are_listed_with_their_tokens_and_pages_and_scoped_by_key() {
     let t = start_engine(&TestModelSpec::default(), cfg(Duration::from_secs(3600)));

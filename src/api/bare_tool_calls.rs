@@ -9,10 +9,12 @@
 //! ```
 //! ````
 //!
-//! llama.cpp's server accepts these forms for Hermes-style templates too. Only a reply that
-//! *starts* with such an object (after whitespace, or right after another call) and names a
-//! tool the request declared is taken as a call, so JSON an assistant writes as an answer
-//! stays content.
+//! llama.cpp's server accepts these forms for Hermes-style templates too. Only text that
+//! *starts* with such an object (after whitespace: the reply, a line of it, or what follows
+//! another call) and names a tool the request declared is taken as a call, so JSON an
+//! assistant writes as an answer stays content. The object may be written with doubled braces
+//! (`{{"name": …}}`), as Qwen2.5-Coder-1.5B's chat template spells its example call and the
+//! model then copies.
 
 use serde_json::Value;
 
@@ -60,6 +62,11 @@ pub fn bare_call(text: &str, tool_names: &[String], at_end: bool) -> BareCall {
     if body.is_empty() {
         return undecided;
     }
+    let doubled = body.starts_with("{{");
+    if doubled {
+        i += 1;
+    }
+    let body = &text[i..];
     // `{` then `"name"`: anything else is an answer, not a call.
     let Some(after_brace) = body.strip_prefix('{') else {
         return BareCall::NotACall;
@@ -97,6 +104,15 @@ pub fn bare_call(text: &str, tool_names: &[String], at_end: bool) -> BareCall {
         Some(_) => return BareCall::NotACall,
     };
     let mut consumed = i + object_len;
+    if doubled {
+        let rest = &text[consumed..];
+        let close = rest.len() - rest.trim_start().len();
+        if rest[close..].starts_with('}') {
+            consumed += close + 1;
+        } else if !at_end && rest[close..].is_empty() {
+            return BareCall::Undecided; // the second closing brace may still come
+        }
+    }
     if fenced {
         let rest = &text[consumed..];
         let close = rest.len() - rest.trim_start().len();
@@ -176,6 +192,21 @@ mod tests {
         };
         assert_eq!(arguments, r#"{"city": "Oslo"}"#);
         assert_eq!(&bare[consumed..], " and");
+        // Doubled braces, as the 1.5B's template spells its example call.
+        let doubled = "{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}}\n";
+        assert_eq!(
+            call(doubled),
+            BareCall::Call {
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Rome"}"#.into(),
+                consumed: doubled.len() - 1,
+            }
+        );
+        assert_eq!(
+            bare_call(&doubled[..doubled.len() - 2], &names(), false),
+            BareCall::Undecided,
+            "the second closing brace may still come"
+        );
     }
 
     #[test]

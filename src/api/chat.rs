@@ -85,6 +85,7 @@ pub async fn chat_completions(
     if let Some(grammar) = prompt.forced_grammar.clone() {
         plan.force_tool_calls(grammar)?;
     }
+    plan.lazy_tool_calls(prompt.lazy_calls.clone());
     if prompt.ban_tool_calls {
         plan.ban_tool_calls(engine).await?;
     }

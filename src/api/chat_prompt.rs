@@ -35,6 +35,8 @@ pub struct ChatPrompt {
     pub forced_prefix: String,
     /// The grammar the rest of a forced reply follows (see `tool_grammar`).
     pub forced_grammar: Option<String>,
+    /// `tool_choice: "auto"` with tools: the grammars a call the model opens follows.
+    pub lazy_calls: Option<tool_grammar::LazyCalls>,
     /// `tool_choice: "none"` with tools: they stay in the prompt, and the reply must not call
     /// one (see [`super::generate::Plan::ban_tool_calls`]).
     pub ban_tool_calls: bool,
@@ -144,13 +146,16 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
             forced_prefix = format!("<tool_call>\n{{\"name\": {name_json}, \"arguments\": ");
         }
     }
+    let tools: Vec<(&str, Option<&Value>)> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| (t.function.name.as_str(), t.function.parameters.as_ref()))
+        .collect();
+    let parallel = req.parallel_tool_calls != Some(false);
+    let lazy_calls =
+        (use_tools && forced_prefix.is_empty()).then(|| tool_grammar::lazy_calls(&tools, parallel));
     let forced_grammar = (!forced_prefix.is_empty()).then(|| {
-        let tools: Vec<(&str, Option<&Value>)> = req
-            .tools
-            .iter()
-            .flatten()
-            .map(|t| (t.function.name.as_str(), t.function.parameters.as_ref()))
-            .collect();
         let named = match &req.tool_choice {
             Some(ToolChoice::Named(named)) => Some(named.function.name.as_str()),
             _ => None,
@@ -159,7 +164,6 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
             Some(_) => tool_grammar::Start::InArguments,
             None => tool_grammar::Start::InName,
         };
-        let parallel = req.parallel_tool_calls != Some(false);
         tool_grammar::forced_calls(&tools, named, parallel, start)
     });
     // With "none" the tools are still rendered, as vLLM and llama.cpp render them: an agent
@@ -182,6 +186,7 @@ pub fn build(raw: &Value, req: &ChatCompletionRequest) -> Result<ChatPrompt, Api
         tool_names: tool_names.iter().map(|n| n.to_string()).collect(),
         forced_prefix,
         forced_grammar,
+        lazy_calls,
         ban_tool_calls: render_tools && !use_tools,
     })
 }

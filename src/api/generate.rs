@@ -48,6 +48,8 @@ pub struct Plan {
     pub ignore_eos: bool,
     /// `max_tokens` is a ceiling (see [`GenerateRequest::max_tokens_ceiling`]).
     pub max_tokens_ceiling: bool,
+    /// A busy session refuses the request (see [`GenerateRequest::exclusive_session`]).
+    pub exclusive_session: bool,
 }
 
 impl Plan {
@@ -86,6 +88,18 @@ impl Plan {
         }
         self.format = Some(OutputFormat::ToolCalls(grammar));
         Ok(())
+    }
+
+    /// Holds a call the model opens under `tool_choice: "auto"` to the tools' grammar (see
+    /// `tool_grammar::lazy_calls`), unless the request constrains its output otherwise (its
+    /// `response_format` applies to the whole reply; calls are then parsed as written).
+    pub fn lazy_tool_calls(&mut self, calls: Option<super::tool_grammar::LazyCalls>) {
+        if let (None, Some(calls)) = (&self.format, calls) {
+            self.format = Some(OutputFormat::LazyToolCalls {
+                tagged: calls.tagged,
+                bare: calls.bare,
+            });
+        }
     }
 }
 
@@ -250,6 +264,7 @@ pub fn plan(
         prompt_logprobs: None,
         ignore_eos: p.ignore_eos.unwrap_or(false),
         max_tokens_ceiling: false,
+        exclusive_session: false,
     })
 }
 
@@ -297,6 +312,16 @@ fn zero_tokens(field: &str) -> ApiError {
     ApiError::invalid(Some(field), format!("`{field}` must be at least 1"))
 }
 
+/// The temperature of requests that give none: OpenAI's 1.0 unless the server was started with
+/// `--temperature` (llama.cpp's `--temp`). Set once, at start-up, for the whole process.
+static DEFAULT_TEMPERATURE: std::sync::OnceLock<f32> = std::sync::OnceLock::new();
+
+/// Sets the temperature of requests that give none (see [`DEFAULT_TEMPERATURE`]); the first call
+/// wins.
+pub fn set_default_temperature(t: f32) {
+    let _ = DEFAULT_TEMPERATURE.set(t);
+}
+
 /// OpenAI sampling fields onto the engine's [`SamplingParams`], validated (400 naming the field).
 pub fn sampling_params(
     p: &GenerationParams,
@@ -315,7 +340,9 @@ pub fn sampling_params(
         logit_bias.insert(id, *bias);
     }
     let params = SamplingParams {
-        temperature: p.temperature.unwrap_or(d.temperature),
+        temperature: p
+            .temperature
+            .unwrap_or(*DEFAULT_TEMPERATURE.get().unwrap_or(&d.temperature)),
         // -1 is vLLM's (and llama.cpp's) "off", as 0 is here.
         top_k: match p.top_k {
             Some(-1) => 0,
@@ -391,6 +418,7 @@ pub async fn submit_all(engine: &Engine, plan: &Plan) -> Result<Vec<EventStream>
         req.prompt_logprobs = plan.prompt_logprobs;
         req.ignore_eos = plan.ignore_eos;
         req.max_tokens_ceiling = plan.max_tokens_ceiling;
+        req.exclusive_session = plan.exclusive_session;
         let refused =
             |e| ApiError::from(e).with_param_renamed("response_format", plan.format_param);
         streams.push(engine.submit(req).await.map_err(refused)?);
@@ -513,6 +541,7 @@ pub fn usage(per_choice: &[EngineUsage]) -> Usage {
                 .map(|u| u.draft_tokens - u.accepted_draft_tokens)
                 .sum(),
         },
+        max_tokens_clamped: first.max_tokens_cut,
     }
 }
 

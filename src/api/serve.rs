@@ -29,6 +29,24 @@ pub struct ServeArgs {
     /// Cap on the context window (prompt + max_tokens); default: the model's, within the KV budget.
     #[arg(long)]
     pub context_window: Option<usize>,
+    /// Refuse a request whose `prompt + max_tokens` exceeds the window (400
+    /// `context_length_exceeded`, OpenAI's rule). By default `max_tokens` is a ceiling: such a
+    /// request is served up to the window and ends with `finish_reason: "length"` there, as
+    /// llama.cpp's server and Ollama serve it (agents send large defaults, e.g. 32000).
+    #[arg(long)]
+    pub strict_max_tokens: bool,
+    /// Do not hold tool calls to the tools' grammar under `tool_choice: "auto"` (by default,
+    /// once the model opens a call it must name a declared tool and give it valid arguments).
+    #[arg(long)]
+    pub no_tool_grammar: bool,
+    /// The seed of every request that gives none, so that sampled replies (an agent's, say)
+    /// are the same from run to run. By default such requests are seeded at random.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The temperature of every request that gives none (llama.cpp's `--temp`; 0 is greedy).
+    /// By default such requests sample at OpenAI's 1.0.
+    #[arg(long)]
+    pub temperature: Option<f32>,
     /// Require this key on every /v1 route (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
     /// Several keys, comma-separated, serve several clients; each key sees only its own
     /// sessions and stored responses.
@@ -123,6 +141,9 @@ impl ServeArgs {
             // Resolved (and pulled if need be) by the loader thread.
             draft_model: None,
             pooling: self.pooling,
+            strict_max_tokens: self.strict_max_tokens,
+            lazy_tool_grammar: !self.no_tool_grammar,
+            default_seed: self.seed,
         }
     }
 
@@ -166,6 +187,13 @@ impl ServeArgs {
 /// Runs the server until SIGINT/SIGTERM.
 pub fn serve(args: ServeArgs) -> Result<()> {
     args.check_security()?;
+    if let Some(t) = args.temperature {
+        anyhow::ensure!(
+            t.is_finite() && (0.0..=2.0).contains(&t),
+            "--temperature must be in 0..=2, got {t}"
+        );
+        super::generate::set_default_temperature(t);
+    }
     actix_rt::System::new().block_on(run(args))
 }
 

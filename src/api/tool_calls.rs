@@ -17,7 +17,10 @@
 //! - With `single_call` (`parallel_tool_calls: false`) blocks after the first call are dropped.
 //! - Given the declared tool names ([`ToolCallParser::with_tool_names`]), a reply that starts
 //!   with an untagged call (bare or fenced JSON, see [`super::bare_tool_calls`]) is held until
-//!   decided, then becomes a call or content.
+//!   decided, then becomes a call or content; so is a line of the reply that starts one (small
+//!   models introduce calls with a line of their own, `<result>` or prose: what comes before
+//!   stays content). A line that starts with `{` or a fence is held only until its first key
+//!   or its fence's language tells it is no call.
 
 use super::bare_tool_calls::{bare_call, BareCall};
 use super::types::{FunctionCall, ToolCall};
@@ -166,6 +169,15 @@ impl ToolCallParser {
             .iter()
             .filter_map(|t| self.pending.find(t).map(|at| (at, *t)))
             .min();
+        let bare_lines = self.parse_tools && !self.tool_names.is_empty();
+        let line_call = bare_lines.then(|| line_call_start(&self.pending)).flatten();
+        if let Some(at) = line_call.filter(|&at| found.is_none_or(|(tag_at, _)| at < tag_at)) {
+            let before: String = self.pending.drain(..at).collect();
+            self.emit_content(&before, out);
+            self.block.clear();
+            self.state = State::Bare;
+            return true;
+        }
         if let Some((at, tag)) = found {
             let before: String = self.pending.drain(..at).collect();
             if !(self.has_tool_calls() && before.trim().is_empty()) {
@@ -180,11 +192,14 @@ impl ToolCallParser {
             };
             return true;
         }
-        let keep = tags
+        let mut keep = tags
             .iter()
             .map(|t| suffix_prefix_len(&self.pending, t))
             .max()
             .unwrap_or(0);
+        if bare_lines {
+            keep = keep.max(open_line_len(&self.pending));
+        }
         let cut = self.pending.len() - keep;
         // After a tool call, whitespace alone is held until something else follows.
         if self.has_tool_calls() && self.pending[..cut].trim().is_empty() {
@@ -523,6 +538,28 @@ pub fn new_call_id() -> String {
 }
 
 /// Length in bytes of the longest suffix of `text` that is a proper prefix of `tag`.
+/// Where a line of `text` (after a newline) starts with what may be an untagged call: `{` or a
+/// fence, after spaces. The line's leading spaces are part of the call's text.
+fn line_call_start(text: &str) -> Option<usize> {
+    text.match_indices('\n').find_map(|(i, _)| {
+        let line = &text[i + 1..];
+        line.trim_start_matches([' ', '\t'])
+            .starts_with(['{', '`'])
+            .then_some(i + 1)
+    })
+}
+
+/// Bytes at the end of `text` held back because the next fragment may open a call on a line
+/// of their own: a newline and the spaces after it.
+fn open_line_len(text: &str) -> usize {
+    let spaces = text.len() - text.trim_end_matches([' ', '\t']).len();
+    if text[..text.len() - spaces].ends_with('\n') {
+        spaces + 1
+    } else {
+        0
+    }
+}
+
 fn suffix_prefix_len(text: &str, tag: &str) -> usize {
     (1..tag.len())
         .rev()

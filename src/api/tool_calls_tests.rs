@@ -270,3 +270,31 @@ fn json_answers_and_unknown_tools_stay_content() {
     let r = run("{\"name\": \"read\", \"arguments\": {}}");
     assert!(r.calls.is_empty());
 }
+
+#[test]
+fn a_call_on_a_line_of_its_own_after_text_is_a_call() {
+    // What Qwen2.5-Coder-1.5B writes under Codex's and opencode's prompts: a line of its own,
+    // then the call (here with the doubled braces its template's example spells).
+    let text =
+        "<tools></tools>\n<result>\n{{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}}";
+    let r = run_named(text);
+    assert_eq!(r.content, "<tools></tools>\n<result>\n");
+    assert_eq!(r.calls, vec![("read".into(), r#"{"path":"a"}"#.into())]);
+    let fenced =
+        "I will read it.\n```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n```\nDone.";
+    let r = run_named(fenced);
+    assert_eq!(r.content, "I will read it.\n\nDone.", "{r:?}");
+    assert_eq!(r.calls, vec![("get_weather".into(), "{}".into())]);
+    // Code and JSON that are no calls stay content, line starts included.
+    for text in [
+        "Use this:\n{\n  \"city\": \"Paris\"\n}\n",
+        "Example:\n```python\nx = {\"name\": 1}\n```",
+        "A call of an unknown tool:\n{\"name\": \"delete_all\", \"arguments\": {}}",
+        "Ends with a newline\n",
+        "Ends with spaces after a newline\n  ",
+    ] {
+        let r = run_named(text);
+        assert!(r.calls.is_empty(), "{text}: {r:?}");
+        assert_eq!(r.content, text);
+    }
+}

@@ -7,6 +7,12 @@
 //! The grammar is Lark (llguidance's dialect: `%json {schema}` embeds a JSON Schema). Chat
 //! completions already end the prompt with the start of the call (`ChatPrompt::forced_prefix`),
 //! so their grammar begins where that prefix stops.
+//!
+//! With `tool_choice: "auto"` the same calls are the grammar of a *lazy* constraint
+//! ([`lazy_calls`], see `sampling::lazy_calls`): the reply is free until the model opens a call
+//! (`<tool_call>`, or a reply that starts with a bare or fenced `{"name": "`), and from there
+//! the call must name a declared tool and give it arguments valid against its schema, so a
+//! small model's call always parses.
 
 use crate::sampling::prepare_json_schema;
 use serde_json::{json, Value};
@@ -25,6 +31,16 @@ pub enum Start {
 /// The opening of a call up to its name.
 const CALL_OPEN: &str = "<tool_call>\n{\"name\": \"";
 const CALL_CLOSE: &str = "}\n</tool_call>";
+/// The opening of a bare call up to the colon after `"name"`, as the model may space it (what
+/// `bare_tool_calls` reads as a call), without and with a code fence. The constraint starts
+/// there: a token that opens the name's string may already hold its first letters.
+const BARE_OPEN: &str = r#"/[ \t\r\n]*\{[ \t\r\n]*"name"[ \t\r\n]*:/"#;
+/// With doubled braces, as Qwen2.5-Coder-1.5B's template spells its example call.
+const DOUBLED_OPEN: &str = r#"/[ \t\r\n]*\{\{[ \t\r\n]*"name"[ \t\r\n]*:/"#;
+const FENCED_OPEN: &str =
+    r#"/[ \t\r\n]*```(json|JSON)?[ \t]*\n[ \t\r\n]*\{[ \t\r\n]*"name"[ \t\r\n]*:/"#;
+/// The quote that opens the name.
+const NAME_QUOTE: &str = r#"/[ \t]*"/"#;
 
 /// A Lark grammar for the forced calls. `tools` are (name, parameters schema); `named` picks
 /// one of them (one call of it), else any of them, several calls when `parallel`.
@@ -69,6 +85,49 @@ pub fn forced_calls(
     };
     rules.insert(0, format!("start: {first}{more}"));
     rules.join("\n")
+}
+
+/// The two grammars of the lazy constraint for `tool_choice: "auto"`: from a `<tool_call>` tag
+/// (Hermes/Qwen blocks, several when `parallel`), and from the start of a reply that opens a
+/// bare or fenced JSON call (one call).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LazyCalls {
+    pub tagged: String,
+    pub bare: String,
+}
+
+pub fn lazy_calls(tools: &[(&str, Option<&Value>)], parallel: bool) -> LazyCalls {
+    let tagged = forced_calls(tools, None, parallel, Start::Empty);
+    let mut rules = Vec::new();
+    let mut alternatives = Vec::new();
+    for (i, (name, parameters)) in tools.iter().enumerate() {
+        rules.push(format!("args_{i}: %json {}", arguments_schema(*parameters)));
+        let after_name = format!("{}\", \"arguments\": ", json_string_body(name));
+        rules.push(format!(
+            "after_name_{i}: {} args_{i} {}",
+            literal(&after_name),
+            literal("}")
+        ));
+        alternatives.push(format!("after_name_{i}"));
+    }
+    rules.push(format!("after_name: {}", alternatives.join(" | ")));
+    rules.push(format!("BARE_OPEN: {BARE_OPEN}"));
+    rules.push(format!("DOUBLED_OPEN: {DOUBLED_OPEN}"));
+    rules.push(format!("FENCED_OPEN: {FENCED_OPEN}"));
+    rules.push(format!("NAME_QUOTE: {NAME_QUOTE}"));
+    rules.insert(
+        0,
+        format!(
+            "start: BARE_OPEN NAME_QUOTE after_name | DOUBLED_OPEN NAME_QUOTE after_name {} \
+             | FENCED_OPEN NAME_QUOTE after_name {}",
+            literal("}"),
+            literal("\n```")
+        ),
+    );
+    LazyCalls {
+        tagged,
+        bare: rules.join("\n"),
+    }
 }
 
 /// The schema the arguments must follow: the tool's `parameters`, or any object without one.

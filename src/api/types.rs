@@ -245,6 +245,10 @@ pub struct Usage {
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
     pub completion_tokens_details: CompletionTokensDetails,
+    /// Present when the request's `max_tokens` reached past the context window and was cut to
+    /// the room the prompt leaves (an mtpx extension; `--strict-max-tokens` refuses instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_clamped: Option<crate::scheduler::MaxTokensCut>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

@@ -18,10 +18,10 @@ use crate::kv::pool_actor::{ClearCache, GetPoolStats, PagePoolActor, PoolSnapsho
 use crate::kv::KvDtype;
 use crate::model::ModelBundle;
 use crate::runner::worker::{KvBytes, ModelWorker};
-use crate::sampling::{Grammars, Sampler};
+use crate::sampling::{Grammars, OutputFormat, Sampler};
 use crate::scheduler::{
-    Enqueue, GetSchedulerStats, SchedulerActor, SchedulerConfig, SchedulerParts, SchedulerStats,
-    Settle, Submission,
+    Enqueue, GetSchedulerStats, MaxTokensCut, SchedulerActor, SchedulerConfig, SchedulerParts,
+    SchedulerStats, Settle, Submission,
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{
@@ -63,6 +63,14 @@ pub struct EngineConfig {
     pub draft_model: Option<std::path::PathBuf>,
     /// How embeddings pool a text's hidden states.
     pub pooling: crate::runner::embed::Pooling,
+    /// Refuse `prompt + max_tokens` beyond the window (OpenAI's rule) instead of serving the
+    /// request up to the window (`--strict-max-tokens`).
+    pub strict_max_tokens: bool,
+    /// Hold a tool call the model opens under `tool_choice: "auto"` to the tools' grammar
+    /// (`--no-tool-grammar` turns it off: calls are then only parsed).
+    pub lazy_tool_grammar: bool,
+    /// The seed of requests that give none (`--seed`): sampled replies become reproducible.
+    pub default_seed: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +88,9 @@ impl Default for EngineConfig {
             speculative: SpecConfig::default(),
             draft_model: None,
             pooling: crate::runner::embed::Pooling::default(),
+            strict_max_tokens: false,
+            lazy_tool_grammar: true,
+            default_seed: None,
         }
     }
 }
@@ -108,6 +119,12 @@ pub struct EngineInfo {
     pub spec_row_cost: Option<f64>,
     /// The drafters the server runs (`prediction`, `ngram`, `draft`, `mtp`).
     pub drafters: Vec<&'static str>,
+    /// `max_tokens` past the window is refused rather than cut (see [`EngineConfig`]).
+    pub strict_max_tokens: bool,
+    /// Calls opened under `tool_choice: "auto"` follow the tools' grammar (see [`EngineConfig`]).
+    pub lazy_tool_grammar: bool,
+    /// The seed of requests that give none (see [`EngineConfig`]).
+    pub default_seed: Option<u64>,
     /// The speculation settings in force (what a request's `speculative` is checked against).
     #[serde(skip)]
     pub speculative: SpecConfig,
@@ -254,6 +271,9 @@ impl Engine {
             pooling: cfg.pooling,
             spec_row_cost: speculative.is_on().then_some(speculative.row_cost),
             drafters: speculative.drafters().names(),
+            strict_max_tokens: cfg.strict_max_tokens,
+            lazy_tool_grammar: cfg.lazy_tool_grammar,
+            default_seed: cfg.default_seed,
             speculative: speculative.clone(),
             draft_model_path: cfg.draft_model.as_ref().map(|p| p.display().to_string()),
             draft_cost: draft_costs.as_ref().map(|c| c.relative_draft_cost()),
@@ -373,14 +393,19 @@ impl Engine {
         }
     }
 
-    /// Checks the request against the window and the KV budget; returns `max_tokens`
-    /// (`ceiling`: see [`GenerateRequest::max_tokens_ceiling`]).
+    /// Checks the request against the window and the KV budget; returns `max_tokens` and, when
+    /// the request's was cut to the room the window leaves, how ([`MaxTokensCut`]). A request's
+    /// `max_tokens` is a ceiling (as agents expect, and llama.cpp's server and Ollama serve it)
+    /// unless the server is strict (`--strict-max-tokens`) and the API is not Ollama's (see
+    /// [`GenerateRequest::max_tokens_ceiling`]); a prompt that leaves no room is refused either way.
     fn admit(
         &self,
         prompt_tokens: usize,
-        max_tokens: Option<usize>,
+        requested: Option<usize>,
         ceiling: bool,
-    ) -> Result<usize, EngineError> {
+    ) -> Result<(usize, Option<MaxTokensCut>), EngineError> {
+        let max_tokens = requested;
+        let ceiling = ceiling || !self.info.strict_max_tokens;
         let window = self.info.context_window;
         if prompt_tokens == 0 {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
@@ -397,7 +422,21 @@ impl Engine {
             None => room,
         };
         self.check_fits(prompt_tokens, max_tokens)?;
-        Ok(max_tokens)
+        let cut = requested
+            .filter(|&n| n > max_tokens)
+            .map(|requested| MaxTokensCut {
+                requested,
+                served: max_tokens,
+            });
+        if let Some(cut) = cut {
+            tracing::debug!(
+                prompt_tokens,
+                requested = cut.requested,
+                served = cut.served,
+                "max_tokens cut to the room the {window}-token window leaves after the prompt"
+            );
+        }
+        Ok((max_tokens, cut))
     }
 
     /// Refuses `prompt_tokens + max_tokens` beyond the window or the whole KV budget.
@@ -463,7 +502,8 @@ impl Engine {
             .drafters_for(req.speculative.unwrap_or_default())
             .map_err(EngineError::InvalidRequest)?;
         let tokens = self.tokenize(&req.prompt).await?;
-        let max_tokens = self.admit(tokens.len(), req.max_tokens, req.max_tokens_ceiling)?;
+        let (max_tokens, max_tokens_cut) =
+            self.admit(tokens.len(), req.max_tokens, req.max_tokens_ceiling)?;
         if req.ignore_eos {
             // llama.cpp's and vLLM's `ignore_eos`: the reply runs to `max_tokens` (or a stop
             // string, or the end of an output grammar, which still ends it).
@@ -473,32 +513,40 @@ impl Engine {
                     .insert(id, crate::sampling::BAN_BIAS);
             }
         }
+        if req.sampling.seed.is_none() {
+            req.sampling.seed = self.info.default_seed;
+        }
         req.sampling
             .validate_for_vocab(self.info.vocab_size)
             .map_err(invalid_param)?;
         let mut sampler = Sampler::new(req.sampling).map_err(invalid_param)?;
-        if let Some(format) = req.format {
+        let lazy_off = |f: &OutputFormat| {
+            !self.info.lazy_tool_grammar && matches!(f, OutputFormat::LazyToolCalls { .. })
+        };
+        if let Some(format) = req.format.filter(|f| !lazy_off(f)) {
             let param = format.param();
             let grammars = self.grammars.clone();
             let constraint = actix_rt::task::spawn_blocking(move || grammars.constraint(&format))
                 .await
                 .map_err(|e| EngineError::Internal(format!("compiling the output grammar: {e}")))?
                 .map_err(|message| EngineError::InvalidParam { param, message })?;
+            tracing::debug!(?constraint, "output constrained");
             sampler = sampler.with_constraint(constraint);
         }
         let stream_id = self.next_stream_id.fetch_add(1, Ordering::Relaxed);
-        let (session, ephemeral, draft_key) = match req.session {
+        let throwaway = || {
+            let id = format!("request-{stream_id}");
+            let session =
+                SessionActor::new(id.clone(), self.pool.clone(), self.info.page_size).start();
+            (session, true, id)
+        };
+        let (mut session, mut ephemeral, mut draft_key) = match req.session {
             Some(key) => {
                 let draft_key = format!("session/{}/{}", key.scope, key.session_id);
                 let session = self.registry.send(GetOrCreate { key }).await?;
                 (session, false, draft_key)
             }
-            None => {
-                let id = format!("request-{stream_id}");
-                let session =
-                    SessionActor::new(id.clone(), self.pool.clone(), self.info.page_size).start();
-                (session, true, id)
-            }
+            None => throwaway(),
         };
         let reuse = req.prompt_logprobs.is_none();
         let tokens = if !ephemeral && reuse && !matches!(req.prompt, Prompt::Tokens(_)) {
@@ -506,12 +554,21 @@ impl Engine {
         } else {
             tokens
         };
-        let turn = session
-            .send(BeginTurn {
-                prompt: tokens.clone(),
-                reuse,
-            })
-            .await??;
+        let begin = || BeginTurn {
+            prompt: tokens.clone(),
+            reuse,
+        };
+        let turn = match session.send(begin()).await? {
+            Err(EngineError::SessionBusy { session_id }) if !req.exclusive_session => {
+                tracing::debug!(
+                    session_id,
+                    "session busy with another turn: this request runs without it"
+                );
+                (session, ephemeral, draft_key) = throwaway();
+                session.send(begin()).await??
+            }
+            turn => turn?,
+        };
         let (seq_tx, seq_rx) = unbounded_channel();
         let (turn_ended, turn_end) = tokio::sync::oneshot::channel();
         let prompt_tokens = tokens.len();
@@ -547,6 +604,7 @@ impl Engine {
                 stop: req.stop,
                 prompt_tokens,
                 cached_tokens: turn.cached_tokens,
+                max_tokens_cut,
                 from_scheduler: seq_rx,
                 turn_end,
                 to_client: client_tx,

@@ -61,6 +61,11 @@ pub struct GenerateRequest {
     /// refused when the two do not fit (Ollama's `num_predict`). A prompt that fills the
     /// window is still refused.
     pub max_tokens_ceiling: bool,
+    /// Refuse the request (`SessionBusy`) while its session has a turn in progress. Otherwise
+    /// it runs without the session, its prompt still served by the prefix cache: a client's
+    /// session key is often an affinity key it sends with concurrent requests too (opencode's
+    /// `x-session-id` on its title request, a router's sticky key).
+    pub exclusive_session: bool,
 }
 
 impl GenerateRequest {
@@ -79,6 +84,7 @@ impl GenerateRequest {
             prompt_logprobs: None,
             ignore_eos: false,
             max_tokens_ceiling: false,
+            exclusive_session: false,
         }
     }
 }

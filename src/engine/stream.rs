@@ -11,7 +11,7 @@
 //! generated.
 
 use super::request::EngineEvent;
-use crate::scheduler::{FinishReason, SeqEvent, Usage};
+use crate::scheduler::{FinishReason, MaxTokensCut, SeqEvent, Usage};
 use crate::tokenizer::actor::{Detokenize, TokenizerActor};
 use actix::Addr;
 use std::time::Instant;
@@ -23,6 +23,8 @@ pub struct StreamTask {
     pub stop: Vec<String>,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
+    /// The request's `max_tokens`, when the engine cut it to the window (reported in usage).
+    pub max_tokens_cut: Option<MaxTokensCut>,
     pub from_scheduler: UnboundedReceiver<SeqEvent>,
     /// Resolves once the scheduler has let the sequence go (see `Submission::turn_ended`).
     pub turn_end: tokio::sync::oneshot::Receiver<()>,
@@ -120,6 +122,7 @@ impl StreamTask {
                             cached_tokens: self.cached_tokens,
                             prompt_ms: first.duration_since(started).as_secs_f64() * 1e3,
                             decode_ms: first.elapsed().as_secs_f64() * 1e3,
+                            max_tokens_cut: self.max_tokens_cut,
                             ..Usage::default()
                         }
                         .with_drafts(drafts);
@@ -127,6 +130,7 @@ impl StreamTask {
                         self.from_scheduler.close();
                         let _ = (&mut self.turn_end).await;
                         self.detokenize(Vec::new(), true).await;
+                        log_finished(self.stream_id, FinishReason::Stop, &usage);
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,
                             usage,
@@ -151,7 +155,8 @@ impl StreamTask {
                 }
                 // Embedding requests are answered by `Engine::embed`, not by a stream.
                 SeqEvent::Embedding { .. } => {}
-                SeqEvent::Finished { reason, usage } => {
+                SeqEvent::Finished { reason, mut usage } => {
+                    usage.max_tokens_cut = self.max_tokens_cut;
                     held.push_str(&self.detokenize(Vec::new(), true).await);
                     let (emit, stop_string) = self.split_at_stop(&mut held, true);
                     let stopped = stop_string.is_some();
@@ -160,6 +165,7 @@ impl StreamTask {
                         let _ = self.to_client.send(delta(emit, tokens));
                     }
                     let reason = if stopped { FinishReason::Stop } else { reason };
+                    log_finished(self.stream_id, reason, &usage);
                     let _ = self.to_client.send(EngineEvent::Finished {
                         reason,
                         usage,
@@ -228,6 +234,21 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
         .filter(|&n| stop.is_char_boundary(n) && n <= text.len())
         .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&stop[..n]))
         .unwrap_or(0)
+}
+
+/// One line per finished request, as llama.cpp's server and vLLM log them: what was reused,
+/// computed and generated, and how long it took (the agent tests read `cached_tokens` here).
+fn log_finished(stream_id: u64, reason: FinishReason, u: &Usage) {
+    tracing::info!(
+        stream = stream_id,
+        finish = ?reason,
+        prompt_tokens = u.prompt_tokens,
+        cached_tokens = u.cached_tokens,
+        completion_tokens = u.completion_tokens,
+        prompt_ms = u.prompt_ms.round() as u64,
+        decode_ms = u.decode_ms.round() as u64,
+        "request finished"
+    );
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
+use super::lazy_calls::LazyCalls;
 use super::sampler::SamplingError;
 
 /// What a request's output must be.
@@ -34,6 +35,10 @@ pub enum OutputFormat {
     Choice(Vec<String>),
     /// Text of this Lark grammar (llguidance's dialect): forced tool calls.
     ToolCalls(String),
+    /// Tool calls under `tool_choice: "auto"`: free text until the model opens a call, which
+    /// then follows one of these Lark grammars (see [`super::lazy_calls`]): `tagged` from a
+    /// `<tool_call>` tag on, `bare` from the reply's start (a bare or fenced JSON call).
+    LazyToolCalls { tagged: String, bare: String },
     /// Text of this Lark grammar (llguidance's dialect): vLLM's `guided_grammar` and
     /// llama.cpp's `grammar`, GBNF translated by [`super::gbnf`].
     Lark(String),
@@ -44,7 +49,7 @@ impl OutputFormat {
     /// `response_format` (the API layer renames it to the field the format came from).
     pub fn param(&self) -> &'static str {
         match self {
-            OutputFormat::ToolCalls(_) => "tools",
+            OutputFormat::ToolCalls(_) | OutputFormat::LazyToolCalls { .. } => "tools",
             _ => "response_format",
         }
     }
@@ -55,6 +60,10 @@ impl OutputFormat {
             OutputFormat::JsonSchema(s) => s.clone(),
             OutputFormat::ToolCalls(lark) | OutputFormat::Lark(lark) => {
                 return TopLevelGrammar::from_lark(lark.clone())
+            }
+            // Compiled as its two grammars by `Grammars::constraint`.
+            OutputFormat::LazyToolCalls { tagged, .. } => {
+                return TopLevelGrammar::from_lark(tagged.clone())
             }
             OutputFormat::Regex(rx) => return TopLevelGrammar::from_regex(rx),
             OutputFormat::Choice(options) => {
@@ -199,15 +208,24 @@ impl Grammars {
     /// unsupported schema). Blocking: compiling a large schema can take milliseconds.
     pub fn constraint(&self, format: &OutputFormat) -> Result<TokenConstraint, String> {
         let factory = self.factory()?;
-        let parser = factory
-            .create_parser(format.grammar())
-            .map_err(|e| e.to_string())?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(e);
-        }
+        let matcher = |grammar: TopLevelGrammar| {
+            let parser = factory.create_parser(grammar).map_err(|e| e.to_string())?;
+            let matcher = Matcher::new(Ok(parser));
+            match matcher.get_error() {
+                Some(e) => Err(e),
+                None => Ok(matcher),
+            }
+        };
+        let kind = match format {
+            OutputFormat::LazyToolCalls { tagged, bare } => Kind::Lazy(Box::new(LazyCalls::new(
+                matcher(TopLevelGrammar::from_lark(tagged.clone()))?,
+                matcher(TopLevelGrammar::from_lark(bare.clone()))?,
+                factory.tok_env().clone(),
+            ))),
+            _ => Kind::Eager(Box::new(matcher(format.grammar())?)),
+        };
         Ok(TokenConstraint {
-            matcher,
+            kind,
             eos: factory.tok_env().tok_trie().eos_token(),
             stop_tokens: self.stop_tokens.clone(),
         })
@@ -238,26 +256,56 @@ impl Grammars {
 
 /// One sequence's grammar state: which tokens may come next.
 pub struct TokenConstraint {
-    matcher: Matcher,
+    kind: Kind,
     /// The grammar's end-of-sequence token (the model's first stop token).
     eos: u32,
     stop_tokens: Arc<[u32]>,
 }
 
+enum Kind {
+    /// The grammar holds from the first token.
+    Eager(Box<Matcher>),
+    /// It holds once the model opens a tool call.
+    Lazy(Box<LazyCalls>),
+}
+
 impl std::fmt::Debug for TokenConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.kind {
+            Kind::Eager(m) => format!("stopped: {}", m.is_stopped()),
+            Kind::Lazy(l) => format!("lazy, active: {}", l.is_active()),
+        };
         f.debug_struct("TokenConstraint")
-            .field("stopped", &self.matcher.is_stopped())
+            .field("state", &state)
             .finish_non_exhaustive()
     }
 }
 
 impl TokenConstraint {
+    /// Whether the next token is constrained at all (a lazy grammar is not until the model
+    /// opens a call): the sampler leaves the logits untouched, uncopied, when it is not.
+    pub fn is_active(&self) -> bool {
+        match &self.kind {
+            Kind::Eager(_) => true,
+            Kind::Lazy(l) => l.is_active(),
+        }
+    }
+
+    fn matcher(&mut self) -> Option<&mut Matcher> {
+        match &mut self.kind {
+            Kind::Eager(m) => Some(m),
+            Kind::Lazy(l) => l.active(),
+        }
+    }
+
     /// Sets the logit of every token the grammar does not allow next to `-inf`. When the
     /// document may end and nothing allowed is left (a `logit_bias` banned the stop tokens),
     /// it ends: a complete document is never turned into a failed request.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), SamplingError> {
-        let allowed = self.matcher.compute_mask_or_eos().map_err(failed)?;
+        let Some(matcher) = self.matcher() else {
+            return Ok(());
+        };
+        let allowed = matcher.compute_mask_or_eos().map_err(failed)?;
         let end_allowed = allowed.is_allowed(self.eos);
         let mut any_left = false;
         for (token, logit) in logits.iter_mut().enumerate() {
@@ -283,7 +331,16 @@ impl TokenConstraint {
             // The sequence ends here; nothing reads the grammar again.
             return Ok(());
         }
-        self.matcher.consume_token(token).map_err(failed)
+        match &mut self.kind {
+            Kind::Eager(m) => m.consume_token(token).map_err(failed),
+            Kind::Lazy(l) => match l.active() {
+                Some(m) => m.consume_token(token).map_err(failed),
+                None => {
+                    l.observe(token);
+                    Ok(())
+                }
+            },
+        }
     }
 }
 

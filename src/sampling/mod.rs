@@ -40,6 +40,7 @@ mod constraint;
 mod distribution;
 pub mod gbnf;
 mod kernels;
+mod lazy_calls;
 mod params;
 mod penalties;
 mod sampler;

@@ -251,7 +251,8 @@ fn adjust<'a>(
         });
     }
     let penalised = penalties::has_effect(params, history);
-    if !penalised && constraint.is_none() {
+    let constrained = constraint.as_ref().is_some_and(TokenConstraint::is_active);
+    if !penalised && !constrained {
         return Ok(logits);
     }
     adjusted.clear();

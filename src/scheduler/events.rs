@@ -30,6 +30,20 @@ pub struct Usage {
     /// Per draft position (depth 1 first): how many drafts were verified there, and how many
     /// of those were accepted.
     pub draft_by_depth: DepthCounts,
+    /// The request's `max_tokens`, when it reached past the window and was cut to fit.
+    pub max_tokens_cut: Option<MaxTokensCut>,
+}
+
+/// A `max_tokens` cut to the room the context window leaves after the prompt: the request is
+/// served up to the window (ending `length` there) instead of refused.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+pub struct MaxTokensCut {
+    /// What the request asked for.
+    pub requested: usize,
+    /// What it was served: the window less the prompt.
+    pub served: usize,
 }
 
 impl Usage {

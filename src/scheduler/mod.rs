@@ -9,6 +9,6 @@ pub mod sequence;
 pub use actor::{
     Enqueue, GetSchedulerStats, SchedulerActor, SchedulerParts, SchedulerStats, Settle, Submission,
 };
-pub use events::{DepthCounts, DraftTally, FinishReason, SeqEvent, Usage};
+pub use events::{DepthCounts, DraftTally, FinishReason, MaxTokensCut, SeqEvent, Usage};
 pub use plan::{plan_step, Grant, SchedulerConfig, StepPlan};
 pub use sequence::{SeqId, Sequence};

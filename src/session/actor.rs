@@ -124,11 +124,15 @@ impl Handler<BeginTurn> for SessionActor {
             let src = emptied.remove(0); // the first emptied page is the one the copy reads
             self.release_later(emptied);
             self.partial = Some(PartialPage { src, tokens });
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(self.turn_start()))));
+        } else {
+            let emptied = self.cut(reuse);
+            self.release_later(emptied);
         }
-        let emptied = self.cut(reuse);
-        self.release_later(emptied);
-        if !self.table.is_empty() {
+        // The prefix cache may hold more of the prompt than the session's own history does: a
+        // session key a client also sends with side requests (a title, a sub-agent) holds what
+        // the last of them left, while the turn itself was computed beside it. Within a page of
+        // the prompt's end there is nothing more to find.
+        if reuse + page_size > limit {
             return AtomicResponse::new(Box::pin(fut::ready(Ok(self.turn_start()))));
         }
         let lookup = self.pool.send(LookupPrefix {
@@ -138,6 +142,16 @@ impl Handler<BeginTurn> for SessionActor {
             move |found, act, _| {
                 let found = found??;
                 let len = found.pages.len() * page_size;
+                let found_len = len + found.partial.map_or(0, |p| p.len);
+                if found_len <= act.turn_start().cached_tokens {
+                    // What the session keeps is as long: the cache's references go back.
+                    let mut unused = found.pages;
+                    unused.extend(found.partial.map(|p| p.page_id));
+                    act.release_later(unused);
+                    return Ok(act.turn_start());
+                }
+                let kept = act.cut(0);
+                act.release_later(kept);
                 act.table.push_granted(&found.pages, len, page_size);
                 act.tokens.extend_from_slice(&msg.prompt[..len]);
                 act.num_shared = found.pages.len();

@@ -104,6 +104,14 @@ def keyed_server_url(test_model, tmp_path_factory):
     stop_server(proc, log)
 
 
+@pytest.fixture(scope="session")
+def strict_server_url(test_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "serve-strict.log"
+    proc, url = start_server(test_model, log, "--strict-max-tokens")
+    yield url
+    stop_server(proc, log)
+
+
 @pytest.fixture()
 def client(server_url) -> OpenAI:
     return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)

@@ -93,7 +93,16 @@ def test_stop_sequences(client):
     assert r.choices[0].finish_reason == "stop"
 
 
-def test_context_length_error_is_a_bad_request(client):
+def test_max_tokens_past_the_window_is_served_up_to_it(client):
+    r = greedy(client, max_tokens=WINDOW)
+    assert r.choices[0].finish_reason == "length"
+    served = WINDOW - r.usage.prompt_tokens
+    assert r.usage.completion_tokens == served
+    assert r.usage.max_tokens_clamped == {"requested": WINDOW, "served": served}
+
+
+def test_context_length_error_is_a_bad_request(strict_server_url):
+    client = OpenAI(base_url=f"{strict_server_url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
         greedy(client, max_tokens=WINDOW)
     err = info.value

@@ -142,6 +142,7 @@ pub async fn messages(
     if let Some(grammar) = prompt.forced_grammar.clone() {
         plan.force_tool_calls(grammar).map_err(rename)?;
     }
+    plan.lazy_tool_calls(prompt.lazy_calls.clone());
     if prompt.ban_tool_calls {
         plan.ban_tool_calls(engine).await?;
     }

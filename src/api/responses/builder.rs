@@ -8,6 +8,7 @@
 
 use super::super::tool_calls::{Piece, ToolCallParser};
 use super::super::types::wire_draft_depths;
+use super::tools::ToolNamespaces;
 use super::types::*;
 use crate::scheduler::Usage as EngineUsage;
 use serde_json::Value;
@@ -46,6 +47,8 @@ pub struct Builder {
     events: Vec<ResponseEvent>,
     /// The draft depths of the tokens being pushed, for the first delta they produce.
     draft_depths: Vec<u8>,
+    /// Which offered tool names are a namespace's functions.
+    namespaces: ToolNamespaces,
 }
 
 impl Builder {
@@ -58,7 +61,14 @@ impl Builder {
             open: None,
             events: Vec::new(),
             draft_depths: Vec::new(),
+            namespaces: ToolNamespaces::default(),
         }
+    }
+
+    /// Calls of a namespace's functions come out named as the client declared them.
+    pub fn with_namespaces(mut self, namespaces: ToolNamespaces) -> Self {
+        self.namespaces = namespaces;
+        self
     }
 
     pub fn response(&self) -> &ResponseObject {
@@ -125,6 +135,7 @@ impl Builder {
                 output_tokens: u.completion_tokens,
                 output_tokens_details: OutputTokensDetails::default(),
                 total_tokens: u.prompt_tokens + u.completion_tokens,
+                max_tokens_clamped: u.max_tokens_cut,
             });
             self.response.timings = Some(super::super::generate::timings(&u));
         }
@@ -185,10 +196,12 @@ impl Builder {
             }
             Piece::ToolCallStart { index, id, name } => {
                 self.close("completed");
+                let (name, namespace) = self.namespaces.split(&name);
                 let item = OutputItem::FunctionCall {
                     id: new_item_id("fc"),
                     call_id: id,
                     name,
+                    namespace,
                     arguments: String::new(),
                     status: "in_progress".into(),
                 };
@@ -402,19 +415,30 @@ impl Builder {
     }
 }
 
-/// The assistant chat message a response's output adds to its conversation.
-pub fn assistant_message(response: &ResponseObject) -> Value {
+/// The assistant chat message a response's output adds to its conversation (its calls under
+/// the names the model was offered, so that the next turn renders what the model wrote).
+pub fn assistant_message(response: &ResponseObject, namespaces: &ToolNamespaces) -> Value {
     let content = response.output_text();
     let calls: Vec<Value> = response
-        .function_calls()
-        .into_iter()
+        .output
+        .iter()
+        .filter_map(|item| match item {
+            OutputItem::FunctionCall {
+                call_id,
+                name,
+                namespace,
+                arguments,
+                ..
+            } => Some((call_id, namespaces.offered(namespace.as_deref(), name), arguments)),
+            _ => None,
+        })
         .map(|(call_id, name, arguments)| {
             serde_json::json!({
                 "id": call_id,
                 "type": "function",
                 "function": {
                     "name": name,
-                    "arguments": super::items::arguments_value(Some(&Value::String(arguments))),
+                    "arguments": super::items::arguments_value(Some(&Value::String(arguments.clone()))),
                 },
             })
         })

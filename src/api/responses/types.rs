@@ -29,6 +29,10 @@ pub struct ResponsesRequest {
     pub previous_response_id: Option<String>,
     /// Keep the response so `previous_response_id` can continue it (default true).
     pub store: Option<bool>,
+    /// Names the conversation when it is not stored (`store: false`, the whole conversation
+    /// resent each turn, as Codex sends it): its turns continue one engine session, like
+    /// `X-Session-Id`.
+    pub prompt_cache_key: Option<String>,
     pub stream: Option<bool>,
     /// Answer at once with the response `in_progress` and run it without the client: poll
     /// `GET /v1/responses/{id}`, stop it with `POST /v1/responses/{id}/cancel` (needs `store`).
@@ -136,6 +140,10 @@ pub struct ResponseUsage {
     pub output_tokens: usize,
     pub output_tokens_details: OutputTokensDetails,
     pub total_tokens: usize,
+    /// Present when `max_output_tokens` reached past the context window and was cut to the room
+    /// the input leaves (an mtpx extension; `--strict-max-tokens` refuses instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_clamped: Option<crate::scheduler::MaxTokensCut>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -164,6 +172,9 @@ pub enum OutputItem {
         id: String,
         call_id: String,
         name: String,
+        /// The `namespace` tool the function belongs to (Codex routes calls by it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
         arguments: String,
         status: String,
     },
