@@ -74,6 +74,7 @@ pub async fn responses_socket(
     let connection = Connection {
         state: state.clone(),
         scope: auth.scope,
+        session_header: responses::session_header(&req).map(str::to_string),
         in_flight: HashMap::new(),
         out_tx,
     };
@@ -123,6 +124,8 @@ struct InFlight {
 struct Connection {
     state: web::Data<AppState>,
     scope: String,
+    /// The conversation key the upgrade request's headers gave (`X-Session-Id`, `session-id`).
+    session_header: Option<String>,
     /// By tag ("" for the untagged one).
     in_flight: HashMap<String, InFlight>,
     out_tx: UnboundedSender<Out>,
@@ -237,7 +240,9 @@ impl Connection {
             return self.send_error(tag, e);
         }
         let id = new_item_id("resp");
-        let mut job = match responses::prepare(&self.state, &self.scope, &value, id.clone()) {
+        let header = self.session_header.as_deref();
+        let mut job = match responses::prepare(&self.state, &self.scope, &value, id.clone(), header)
+        {
             Ok(job) if job.template.background => {
                 let e = ApiError::invalid(
                     Some("background"),

@@ -10,16 +10,22 @@
 //! - `reasoning` items are skipped; other item types are refused naming their index.
 
 use super::super::errors::ApiError;
+use super::tools::ToolNamespaces;
 use super::types::Input;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-/// The chat messages of a request's `input`, appended to `messages`.
-pub fn append_input(messages: &mut Vec<Value>, input: &Input) -> Result<(), ApiError> {
+/// The chat messages of a request's `input`, appended to `messages`; a call of a namespace's
+/// function gets the name the model is offered for it (`namespaces`).
+pub fn append_input(
+    messages: &mut Vec<Value>,
+    input: &Input,
+    namespaces: &ToolNamespaces,
+) -> Result<(), ApiError> {
     match input {
         Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
         Input::Items(items) => {
             for (i, item) in items.iter().enumerate() {
-                append_item(messages, i, item)?;
+                append_item(messages, i, item, namespaces)?;
             }
         }
     }
@@ -71,7 +77,12 @@ fn listed_item(mut item: Value) -> Value {
     item
 }
 
-fn append_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), ApiError> {
+fn append_item(
+    messages: &mut Vec<Value>,
+    i: usize,
+    item: &Value,
+    namespaces: &ToolNamespaces,
+) -> Result<(), ApiError> {
     let kind = item
         .get("type")
         .and_then(Value::as_str)
@@ -83,11 +94,13 @@ fn append_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), 
     match kind {
         "message" => messages.push(message(i, item)?),
         "function_call" => {
+            let namespace = item.get("namespace").and_then(Value::as_str);
+            let name = namespaces.offered(namespace, &str_field(i, item, "name")?);
             let call = json!({
                 "id": str_field(i, item, "call_id")?,
                 "type": "function",
                 "function": {
-                    "name": str_field(i, item, "name")?,
+                    "name": name,
                     "arguments": arguments_value(item.get("arguments")),
                 },
             });
@@ -213,92 +226,6 @@ pub fn arguments_value(args: Option<&Value>) -> Value {
     }
 }
 
-/// Responses function tools (`{"type": "function", "name", "description", "parameters"}`) in
-/// the chat-completions shape templates expect. Hosted tools are refused.
-pub fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind != "function" {
-                return Err(ApiError::invalid(
-                    Some(&format!("tools[{i}].type")),
-                    format!(
-                        "only `function` tools are supported; the hosted tool `{kind}` is not \
-                         available on this server"
-                    ),
-                )
-                .with_code("unsupported_tool"));
-            }
-            // Also accept the chat-completions shape (`function: {...}`).
-            let f = tool.get("function").unwrap_or(tool);
-            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid(
-                    Some(&format!("tools[{i}].name")),
-                    "a function tool needs a `name`",
-                )
-            })?;
-            let mut function = Map::new();
-            function.insert("name".into(), json!(name));
-            for key in ["description", "parameters"] {
-                if let Some(v) = f.get(key).filter(|v| !v.is_null()) {
-                    function.insert(key.into(), v.clone());
-                }
-            }
-            Ok(json!({"type": "function", "function": function}))
-        })
-        .collect()
-}
-
-/// How `tool_choice` shapes the prompt.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ToolMode {
-    Auto,
-    None,
-    Required,
-    Named(String),
-}
-
-/// `"auto" | "none" | "required" | {"type": "function", "name"}` (the chat shape
-/// `{"function": {"name"}}` is accepted too).
-pub fn tool_mode(choice: Option<&Value>, tool_names: &[&str]) -> Result<ToolMode, ApiError> {
-    let invalid = |msg: String| ApiError::invalid(Some("tool_choice"), msg);
-    let mode = match choice {
-        None | Some(Value::Null) => ToolMode::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolMode::Auto,
-            "none" => ToolMode::None,
-            "required" => ToolMode::Required,
-            other => {
-                return Err(invalid(format!(
-                    "`tool_choice` must be auto, none, required or a named function, got `{other}`"
-                )))
-            }
-        },
-        Some(v) => {
-            let name = v
-                .get("name")
-                .or_else(|| v.pointer("/function/name"))
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid("`tool_choice` object needs a function `name`".into()))?;
-            if !tool_names.contains(&name) {
-                return Err(ApiError::invalid(
-                    Some("tool_choice.name"),
-                    format!("`tool_choice` names `{name}`, which is not among `tools`"),
-                ));
-            }
-            ToolMode::Named(name.to_string())
-        }
-    };
-    if mode == ToolMode::Required && tool_names.is_empty() {
-        return Err(invalid(
-            "`tool_choice` is `required` but no `tools` were given".into(),
-        ));
-    }
-    Ok(mode)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,7 +242,7 @@ mod tests {
         ]))
         .unwrap();
         let mut m = Vec::new();
-        append_input(&mut m, &input).unwrap();
+        append_input(&mut m, &input, &ToolNamespaces::default()).unwrap();
         assert_eq!(m.len(), 4);
         assert_eq!(m[0], json!({"role": "system", "content": "be brief"}));
         assert_eq!(m[1]["content"], "hi");
@@ -331,20 +258,20 @@ mod tests {
     }
 
     #[test]
-    fn bad_items_and_hosted_tools_name_their_field() {
+    fn bad_items_name_their_field() {
         let mut m = Vec::new();
         let bad = Input::Items(vec![json!({"type": "item_reference", "id": "x"})]);
-        let e = append_input(&mut m, &bad).unwrap_err();
+        let e = append_input(&mut m, &bad, &ToolNamespaces::default()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].type"));
         let bad = Input::Items(vec![json!({"type": "function_call_output", "output": "x"})]);
-        let e = append_input(&mut m, &bad).unwrap_err();
+        let e = append_input(&mut m, &bad, &ToolNamespaces::default()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
         // An output for a call nobody made.
         let stray = Input::Items(vec![
             json!({"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"}),
             json!({"type": "function_call_output", "call_id": "c9", "output": "x"}),
         ]);
-        let e = append_input(&mut Vec::new(), &stray).unwrap_err();
+        let e = append_input(&mut Vec::new(), &stray, &ToolNamespaces::default()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[1].call_id"));
         assert!(e.message.contains("c9"), "{}", e.message);
         // One answering a call the earlier turns made (the `previous_response_id` chain).
@@ -353,20 +280,7 @@ mod tests {
         let answer = Input::Items(vec![
             json!({"type": "function_call_output", "call_id": "c9", "output": "x"}),
         ]);
-        append_input(&mut earlier, &answer).unwrap();
+        append_input(&mut earlier, &answer, &ToolNamespaces::default()).unwrap();
         assert_eq!(earlier[1]["tool_call_id"], "c9");
-        let e = chat_tools(&[json!({"type": "web_search"})]).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("tools[0].type"));
-        assert_eq!(e.code, Some("unsupported_tool"));
-        let t = chat_tools(&[json!({"type": "function", "name": "f", "parameters": {}})]).unwrap();
-        assert_eq!(t[0]["function"]["name"], "f");
-        assert_eq!(
-            tool_mode(Some(&json!({"type": "function", "name": "g"})), &["f"])
-                .unwrap_err()
-                .param
-                .as_deref(),
-            Some("tool_choice.name")
-        );
-        assert!(tool_mode(Some(&json!("required")), &[]).is_err());
     }
 }

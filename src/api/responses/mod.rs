@@ -17,6 +17,7 @@ pub mod event_log;
 pub mod input_items;
 pub mod items;
 pub mod store;
+pub mod tools;
 pub mod types;
 
 use super::auth::Authorized;
@@ -35,11 +36,11 @@ use crate::session::SessionKey;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
 use builder::{assistant_message, new_item_id, Builder, Ending};
-use items::ToolMode;
 use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::Arc;
 use store::ItemChain;
+use tools::{ToolMode, ToolNamespaces};
 use types::{ResponseEvent, ResponseObject, ResponsesRequest};
 
 /// A validated request, ready to submit.
@@ -63,6 +64,8 @@ pub struct Job {
     pub ban_tool_calls: bool,
     pub single_call: bool,
     pub tool_names: Vec<String>,
+    /// Which offered tool names are a namespace's functions.
+    pub namespaces: ToolNamespaces,
     pub store: bool,
     /// The response object as created.
     pub template: ResponseObject,
@@ -86,6 +89,22 @@ fn session_of(scope: &str, conversation_id: &str) -> SessionKey {
     }
 }
 
+/// (name, parameters) of chat-shaped tools, as the tool grammars take them.
+fn grammar_tools(tools: &[Value]) -> Vec<(&str, Option<&Value>)> {
+    tools
+        .iter()
+        .filter_map(|t| {
+            let name = t.pointer("/function/name").and_then(Value::as_str)?;
+            Some((name, t.pointer("/function/parameters")))
+        })
+        .collect()
+}
+
+/// The grammars a call follows once the model opens one (`tool_choice: "auto"`).
+fn lazy_calls(tools: &[Value], parallel: bool) -> tool_grammar::LazyCalls {
+    tool_grammar::lazy_calls(&grammar_tools(tools), parallel)
+}
+
 /// The grammar of the reply when `tool_choice` forces calls (see `tool_grammar`).
 fn forced_calls(tools: &[Value], mode: &ToolMode, parallel: bool) -> Option<String> {
     let named = match mode {
@@ -93,13 +112,7 @@ fn forced_calls(tools: &[Value], mode: &ToolMode, parallel: bool) -> Option<Stri
         ToolMode::Named(name) => Some(name.as_str()),
         ToolMode::Auto | ToolMode::None => return None,
     };
-    let tools: Vec<(&str, Option<&Value>)> = tools
-        .iter()
-        .filter_map(|t| {
-            let name = t.pointer("/function/name").and_then(Value::as_str)?;
-            Some((name, t.pointer("/function/parameters")))
-        })
-        .collect();
+    let tools = grammar_tools(tools);
     Some(tool_grammar::forced_calls(
         &tools,
         named,
@@ -151,8 +164,42 @@ fn unfinished_previous(id: &str, status: &str) -> Result<(), ApiError> {
         .with_code("previous_response_not_completed"))
 }
 
+/// The engine session of a conversation that is not stored: named by the client's key for it
+/// (`X-Session-Id` or Codex's `session-id` header, else `prompt_cache_key`), so that a client
+/// that resends the whole conversation each turn continues its K/V, replies included.
+fn keyed_session(
+    scope: &str,
+    header: Option<&str>,
+    req: &ResponsesRequest,
+) -> Result<Option<SessionKey>, ApiError> {
+    let (key, param) = match (header, req.prompt_cache_key.as_deref()) {
+        (Some(h), _) => (h, "X-Session-Id"),
+        (None, Some(k)) => (k, "prompt_cache_key"),
+        (None, None) => return Ok(None),
+    };
+    let key = key.trim();
+    if key.is_empty() || key.len() > 256 {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!("`{param}` must be 1 to 256 characters"),
+        ));
+    }
+    Ok(Some(SessionKey {
+        scope: scope.to_string(),
+        session_id: key.to_string(),
+    }))
+}
+
 /// Validates a request body (`value`, a JSON object) into a job with response id `id`.
-pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Result<Job, ApiError> {
+/// `session_header`: the conversation's key from the request's headers, if any (see
+/// [`session_header`]).
+pub fn prepare(
+    state: &AppState,
+    scope: &str,
+    value: &Value,
+    id: String,
+    session_header: Option<&str>,
+) -> Result<Job, ApiError> {
     let req: ResponsesRequest = from_value(value)?;
     let mut params: GenerationParams = from_value(value)?;
     state.check_model(req.model.as_deref())?;
@@ -173,13 +220,11 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         ));
     }
     let raw_tools = req.tools.clone().unwrap_or_default();
-    let tools = items::chat_tools(&raw_tools)?;
-    let names: Vec<&str> = tools
-        .iter()
-        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
-        .collect();
-    let mode = items::tool_mode(req.tool_choice.as_ref(), &names)?;
-    let tool_names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let offered = tools::chat_tools(&raw_tools)?;
+    let mode = tools::tool_mode(req.tool_choice.as_ref(), &offered)?;
+    let tool_names: Vec<String> = offered.names().iter().map(|n| n.to_string()).collect();
+    let tools = offered.chat;
+    let namespaces = offered.namespaces;
     let (conversation_id, mut history, earlier, earlier_messages) = match &req.previous_response_id
     {
         Some(prev) => {
@@ -207,7 +252,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         .collect();
     match &req.input {
         Some(input) => {
-            items::append_input(&mut history, input)?;
+            items::append_input(&mut history, input, &namespaces)?;
             new_items.extend(items::listed_items(input));
         }
         None if req.previous_response_id.is_none() => {
@@ -231,7 +276,9 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
     let use_tools = !tools.is_empty() && mode != ToolMode::None;
     // Rendered with "none" too, as chat completions do: the conversation's prefix stays cached.
     let render_tools = !tools.is_empty();
-    let forced_grammar = forced_calls(&tools, &mode, req.parallel_tool_calls != Some(false));
+    let parallel = req.parallel_tool_calls != Some(false);
+    let forced_grammar = forced_calls(&tools, &mode, parallel);
+    let lazy = (use_tools && mode == ToolMode::Auto).then(|| lazy_calls(&tools, parallel));
     match &mode {
         ToolMode::Required => messages.push(json!({"role": "system", "content":
             "Respond only with one or more tool calls, using the tools provided."})),
@@ -252,14 +299,21 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
              `GET /v1/responses/{id}`",
         ));
     }
-    let session = store.then(|| session_of(scope, &conversation_id));
+    let session = match store {
+        true => Some(session_of(scope, &conversation_id)),
+        false => keyed_session(scope, session_header, &req)?,
+    };
     let mut plan = generate::plan(&params, prompt, false, 0, session)?;
+    // A stored conversation's session is its own: a second continuation of the same response
+    // at once forks into a conversation of its own (see [`submit`]) rather than run without.
+    plan.exclusive_session = store;
     let format = req.text.as_ref().and_then(|t| t.get("format")).cloned();
     plan.format = text_format(format.as_ref())?;
     plan.format_param = "text.format";
     if let Some(grammar) = forced_grammar {
         plan.force_tool_calls(grammar)?;
     }
+    plan.lazy_tool_calls(lazy);
     let template = ResponseObject {
         id: id.clone(),
         object: "response".into(),
@@ -298,6 +352,7 @@ pub fn prepare(state: &AppState, scope: &str, value: &Value, id: String) -> Resu
         ban_tool_calls: render_tools && !use_tools,
         single_call: req.parallel_tool_calls == Some(false),
         tool_names,
+        namespaces,
         store,
         template,
     })
@@ -309,7 +364,9 @@ fn renamed(e: ApiError) -> ApiError {
 }
 
 /// Submits the job. When its conversation's session is busy (two continuations of the same
-/// response at once), the job forks into a new conversation rather than failing.
+/// response at once), the job forks into a new conversation rather than failing (an unstored
+/// conversation's keyed session that is busy is left by the engine itself: the request runs
+/// without it).
 pub async fn submit(engine: &Engine, job: &mut Job) -> Result<EventStream, ApiError> {
     if std::mem::take(&mut job.ban_tool_calls) {
         job.plan.ban_tool_calls(engine).await?;
@@ -343,7 +400,7 @@ pub async fn run(
     let template = job.created();
     let parser = ToolCallParser::new(job.parse_tools, job.single_call)
         .with_tool_names(job.tool_names.clone());
-    let mut builder = Builder::new(template, parser);
+    let mut builder = Builder::new(template, parser).with_namespaces(job.namespaces.clone());
     for e in builder.start() {
         if !emit(e) {
             return None;
@@ -401,7 +458,7 @@ pub async fn run(
     let (events, response) = builder.finish(ending, usage);
     if job.store && (!failed || job.template.background) {
         let mut messages = job.history;
-        messages.push(assistant_message(&response));
+        messages.push(assistant_message(&response, &job.namespaces));
         state.responses.insert(
             &job.scope,
             &job.conversation_id,
@@ -416,6 +473,15 @@ pub async fn run(
         }
     }
     Some(response)
+}
+
+/// The conversation key a request's headers give: `X-Session-Id`, or the `session-id` Codex
+/// sends with every request of a session.
+pub fn session_header(req: &HttpRequest) -> Option<&str> {
+    [generate::SESSION_HEADER, "session-id"]
+        .iter()
+        .find_map(|h| req.headers().get(*h))
+        .and_then(|v| v.to_str().ok())
 }
 
 /// One SSE event: `event: TYPE` and `data: JSON`.
@@ -438,7 +504,8 @@ pub async fn create_response(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let value = read_json_object(&req, payload, state.config.max_body).await?;
-    let mut job = prepare(&state, &auth.scope, &value, new_item_id("resp"))?;
+    let header = session_header(&req);
+    let mut job = prepare(&state, &auth.scope, &value, new_item_id("resp"), header)?;
     let streamed = value.get("stream").and_then(Value::as_bool) == Some(true);
     let engine = state.engine()?;
     let events = submit(engine, &mut job).await?;
