@@ -11,7 +11,8 @@
 #   5b. the matmul kernel tests cross-compiled for aarch64 and run under qemu-aarch64, so the
 #      NEON kernels are checked against scalar too (apt-get install gcc-aarch64-linux-gnu
 #      libc6-dev-arm64-cross qemu-user, rustup target add aarch64-unknown-linux-gnu);
-#   6. the openai, ollama and anthropic client suites (tests/python) and the playground in headless Chromium
+#   6. the openai, ollama and anthropic client suites (tests/python), real coding agents (tests/agents:
+#      Codex CLI, Pi, opencode, Claude Code from npm) and the playground in headless Chromium
 #      (apt-get install chromium, npm ci in tests/browser: playwright-core).
 set -euo pipefail
 
@@ -168,6 +169,17 @@ fi
 
 step "The openai, ollama and anthropic packages against mtpx serve (tests/python)"
 MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q tests/python
+
+step "Real coding agents against mtpx serve on the 1.5B (tests/agents: Codex CLI, Pi, opencode, Claude Code)"
+# Pinned releases from the npm registry. `npm install` rather than `npm ci`: opencode's optional
+# platform packages are not all in the lock file npm writes here. Claude Code is run as an
+# unprivileged user when this is root (it refuses to skip permissions as root).
+command -v node >/dev/null || fail "node not found (needed for the agents)"
+if [ ! -x tests/agents/node_modules/.bin/codex ] || [ ! -x tests/agents/node_modules/.bin/claude ]; then
+    (cd tests/agents && npm install --no-audit --no-fund --no-save) \
+        || fail "npm install in tests/agents failed"
+fi
+MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q -s tests/agents
 
 step "Playground in headless Chromium (tests/browser)"
 if ! command -v chromium >/dev/null; then
