@@ -303,7 +303,9 @@ async fn prefill_structured_output_and_errors() {
             "text only",
         ),
         (
-            json!({"max_tokens": 4000, "messages": msgs}),
+            // `max_tokens` past the window is a ceiling (served, cut to fit); a prompt that
+            // cannot fit at all is refused before inference.
+            json!({"max_tokens": 4, "messages": [{"role": "user", "content": "word ".repeat(2100)}]}),
             400,
             "invalid_request_error",
             "context",

@@ -14,6 +14,11 @@
 //! `asm!` here, between [`Tiles::configure`] and its drop on the same thread: `tmm0`/`tmm1` hold
 //! A (16 lanes each), `tmm2`/`tmm3` B and `tmm4`..`tmm7` the 2 × 2 result tiles, so each tile
 //! loaded serves two products. Every tile is configured as 16 rows of 64 bytes.
+//!
+//! Unlike the other SIMD kernels, these functions cannot enable their own instruction set:
+//! Rust's `amx-tile`/`amx-bf16`/`amx-int8` target features are unstable (1.95). Their `asm!`
+//! names no register class that needs a feature, so they compile for any x86-64 target, and
+//! they are reached only through [`is_supported`] (which also asks Linux for the tile state).
 
 use std::arch::asm;
 use std::sync::OnceLock;
