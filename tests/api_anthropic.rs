@@ -212,12 +212,15 @@ async fn tools_come_back_as_tool_use_and_results_are_answered_from() {
         (&call["name"], &call["input"])
     );
 
-    // The result goes back as a `tool_result` block; the model's text uses it (the 0.5B model
-    // calls the tool once more first, on this route as on `/v1/chat/completions`).
+    // The result goes back as a `tool_result` block, with the user's next words beside it as
+    // Claude Code sends them; the model's text uses it. (Alone, the result draws the same call
+    // again from the 0.5B model at temperature 0; without the tool grammar it used to write a
+    // made-up result after that call, which is where the "31" once came from.)
     let mut messages = body["messages"].as_array().unwrap().clone();
     messages.push(json!({"role": "assistant", "content": whole["content"]}));
     messages.push(json!({"role": "user", "content": [{"type": "tool_result",
-        "tool_use_id": call["id"], "content": "{\"temperature_c\": 31, \"sky\": \"clear\"}"}]}));
+        "tool_use_id": call["id"], "content": "{\"temperature_c\": 31, \"sky\": \"clear\"}"},
+        {"type": "text", "text": "Answer in one sentence from the result."}]}));
     let mut next = body.clone();
     next["messages"] = Value::Array(messages);
     let answer = post(&s.at("/v1/messages"), &next).await.json();
@@ -227,6 +230,7 @@ async fn tools_come_back_as_tool_use_and_results_are_answered_from() {
         .iter()
         .filter_map(|b| b["text"].as_str())
         .collect();
+    assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
     assert!(text.contains("31"), "{answer}");
 
     // `tool_choice` `tool` forces that call even when the question needs none.
@@ -308,7 +312,7 @@ async fn prefill_structured_output_and_errors() {
             json!({"max_tokens": 4, "messages": [{"role": "user", "content": "word ".repeat(2100)}]}),
             400,
             "invalid_request_error",
-            "context",
+            "prompt is too long",
         ),
         (
             json!({"max_tokens": 4, "messages": msgs, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),

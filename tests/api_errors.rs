@@ -261,7 +261,7 @@ async fn max_tokens_past_the_window_is_served_up_to_the_window() {
     );
     let messages = post(
         &s.at("/v1/messages"),
-        &json!({"model": "x", "max_tokens": 32000, "messages": user("hello")}),
+        &json!({"max_tokens": 32000, "messages": user("hello")}),
     )
     .await;
     assert_eq!(messages.status, 200, "{}", messages.text());

@@ -211,7 +211,9 @@ async fn malformed_frames_get_error_events_and_keep_the_connection() {
         .await
         .unwrap();
     assert_eq!(expect_error(&mut ws).await["param"], "input");
-    ws.send_raw(r#"{"type": "response.create", "input": "x", "tools": [{"type": "web_search"}], "tag": "t1"}"#)
+    // A hosted tool is left out of the prompt (Codex declares `web_search`); forcing one is an
+    // error, as the server runs none.
+    ws.send_raw(r#"{"type": "response.create", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}, "tag": "t1"}"#)
         .await
         .unwrap();
     let e = ws.next_event().await.unwrap();
@@ -458,12 +460,24 @@ async fn http_responses_stream_the_standard_events_and_match_json() {
     let got = client::get(&s.at(&format!("/v1/responses/{}", plain.id))).await;
     assert_eq!(got.status, 200);
     assert_eq!(got.json()["id"], json!(plain.id));
-    // Hosted tools are refused.
-    let mut bad = b.clone();
-    bad["tools"] = json!([{"type": "file_search"}]);
-    let r = post(&s.at("/v1/responses"), &bad).await;
+    // Hosted tools are left out of the prompt and the reply is served as without them (Codex
+    // declares `web_search` and `image_generation` with its functions); forcing one is refused.
+    let mut hosted = b.clone();
+    hosted["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "file_search"}));
+    let r = post(&s.at("/v1/responses"), &hosted).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["output"][0]["content"][0]["text"],
+        json!(plain.output_text())
+    );
+    hosted["tool_choice"] = json!({"type": "file_search"});
+    let r = post(&s.at("/v1/responses"), &hosted).await;
     assert_eq!(r.status, 400);
-    assert_eq!(r.error()["param"], "tools[0].type");
+    assert_eq!(r.error()["param"], "tool_choice.type");
+    assert_eq!(r.error()["code"], "unsupported_tool");
     // Stats answer with the pool and scheduler.
     let st = client::get(&s.at("/v1/stats")).await.json();
     assert!(st["pool"]["num_pages"].as_u64().unwrap() > 0, "{st}");
