@@ -92,6 +92,13 @@ def test_stop_sequences_and_errors(client):
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=MESSAGES)
     assert e.value.body["error"]["type"] == "not_found_error"
+    # max_tokens is a ceiling (Claude Code asks for 32000); a prompt that cannot fit is refused.
+    clamped = client.messages.create(
+        model=MODEL, max_tokens=WINDOW, messages=MESSAGES, stop_sequences=[stop], extra_body=GREEDY
+    )
+    assert clamped.stop_reason == "stop_sequence" and clamped.content[0].text == cut.content[0].text
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model=MODEL, max_tokens=WINDOW, messages=MESSAGES)
-    assert "context" in e.value.body["error"]["message"]
+        client.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "word " * WINDOW}]
+        )
+    assert "prompt is too long" in e.value.body["error"]["message"]

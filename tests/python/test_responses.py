@@ -102,8 +102,12 @@ def test_errors_are_openai_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         create(client, previous_response_id="resp_does_not_exist")
     assert e.value.code == "previous_response_not_found"
+    # A hosted tool is left out of the prompt (the Codex CLI declares some); forcing one, which
+    # this server cannot run, is refused.
+    hosted = [{"type": "web_search_preview"}]
+    assert create(client, tools=hosted).output_text == create(client).output_text
     with pytest.raises(openai.BadRequestError) as e:
-        create(client, tools=[{"type": "web_search_preview"}])
+        create(client, tools=hosted, tool_choice={"type": "web_search_preview"})
     assert e.value.code == "unsupported_tool"
 
 
