@@ -14,7 +14,6 @@ error event from Pi.
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -22,25 +21,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "agents"))
+from server_log import finished_requests  # noqa: E402
+
 PI = ROOT / "tests" / "agents" / "node_modules" / ".bin" / "pi"
 # Real source files of about 3K tokens each (9-11 KB).
 FILES = ["tests/python/test_openai.py", "tests/reference/forward.py",
          "tests/python/test_responses.py", "src/spec/seq.rs", "src/engine/stream.rs"]
 FENCE = {".py": "python", ".rs": "rust"}
-FINISHED = re.compile(r"request finished")
-FIELD = re.compile(r"(\w+)=(\S+)")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def finished(log: Path, start: int) -> list[dict]:
-    text = ANSI.sub("", log.read_bytes()[start:].decode(errors="replace"))
-    rows = []
-    for line in text.splitlines():
-        if FINISHED.search(line):
-            f = dict(FIELD.findall(line))
-            rows.append({k: f.get(k) for k in ("prompt_tokens", "cached_tokens", "completion_tokens",
-                                                 "prompt_ms", "decode_ms", "finish")})
-    return rows
 
 
 def main():
@@ -83,8 +71,8 @@ def main():
         if written.exists():
             got, want = written.read_text().splitlines(), source.splitlines()
             same = sum(g == w for g, w in zip(got, want)) / max(1, len(want))
-        rows = finished(a.log, start)
-        deepest = max([deepest] + [int(r["prompt_tokens"]) for r in rows])
+        rows = finished_requests(a.log, start)
+        deepest = max([deepest] + [r["prompt_tokens"] for r in rows])
         print(json.dumps({"round": n + 1, "file": name, "file_chars": len(source),
                           "exit": proc.returncode, "wall_s": round(wall, 1), "errors": errors,
                           "written": written.exists(), "lines_identical": round(same, 3),

@@ -36,8 +36,10 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from conftest import free_port, stop_server, wait_healthy  # noqa: E402
+from server_log import finished_requests  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MTPX_BIN = os.environ.get("MTPX_BIN", str(ROOT / "target" / "release" / "mtpx"))
@@ -67,25 +69,6 @@ QUIET_ENV = {
     "NO_COLOR": "1",
     "CI": "1",
 }
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-FINISHED = re.compile(r"request finished.*")
-FIELD = re.compile(r"(\w+)=(\S+)")
-
-
-def finished_requests(log: Path, start: int) -> list[dict]:
-    """The server's `request finished` lines written after byte `start` of its log."""
-    text = ANSI.sub("", log.read_bytes()[start:].decode(errors="replace"))
-    out = []
-    for line in text.splitlines():
-        m = FINISHED.search(line)
-        if not m:
-            continue
-        fields = dict(FIELD.findall(line))
-        out.append({k: int(fields[k]) for k in ("prompt_tokens", "cached_tokens", "completion_tokens")}
-                   | {"finish": fields.get("finish", "")})
-    return out
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -122,7 +105,6 @@ class Run:
     def __init__(self, server, workdir: Path):
         self.url, self.log = server
         self.workdir = workdir
-        self.start = self.log.stat().st_size
         self.home = workdir.parent / "home"
         self.home.mkdir(exist_ok=True)
         self.output = ""
@@ -161,14 +143,16 @@ class Run:
                     pass
         return events
 
-    def attempt(self, tasks: list[str], run_task) -> Transcript:
-        """Runs `run_task(task)` for each wording until the model executes a tool call.
+    def attempt(self, tasks: list[str], run_task, user: str | None = None) -> Transcript:
+        """Runs `run_task(task)` in a fresh working folder for each wording until the model
+        executes a tool call.
 
         Whether a 1.5B model calls a tool or answers in prose can turn on a near-tie in its
         logits, and those differ in the last bits between CPUs (each kernel path sums in its
         own order): a second wording keeps the test about the server, not about that choice.
         """
         for n, task in enumerate(tasks):
+            self.fresh_workdir(user)
             transcript = run_task(task)
             if transcript.executed or transcript.errors:
                 return transcript
@@ -244,7 +228,6 @@ def test_codex_cli_over_the_responses_api(agent_run):
     )
 
     def run_task(task: str) -> Transcript:
-        r.fresh_workdir()
         subprocess.run(["git", "init", "-q"], cwd=r.workdir, check=True)
         return codex_transcript(r.run(
             [str(BIN / "codex"), "exec", "--json", "--skip-git-repo-check",
@@ -289,7 +272,6 @@ def test_pi_over_chat_completions(agent_run):
     }}}))
 
     def run_task(task: str) -> Transcript:
-        r.fresh_workdir()
         return pi_transcript(r.run(
             [str(BIN / "pi"), "--provider", "mtpx", "--model", MODEL, "--no-session",
              "--mode", "json", "-p", task], r.env()))
@@ -329,7 +311,6 @@ def test_opencode_over_chat_completions(agent_run):
     })
 
     def run_task(task: str) -> Transcript:
-        r.fresh_workdir()
         (r.workdir / "opencode.json").write_text(config)
         return opencode_transcript(r.run(
             [str(BIN / "opencode"), "run", "--format", "json", "--model", f"mtpx/{MODEL}", task],
@@ -376,11 +357,10 @@ def test_claude_code_over_the_messages_api(agent_run):
     user = None
     if os.geteuid() == 0:
         user = agent_user()
-        for p in (r.workdir.parent, r.workdir, r.home):
+        for p in (r.workdir.parent, r.home):
             shutil.chown(p, user)
 
     def run_task(task: str) -> Transcript:
-        r.fresh_workdir(user)
         return claude_transcript(r.run(
             [str(BIN / "claude"), "-p", task, "--model", CLAUDE_MODELS[0], "--bare",
              "--tools", "Read,Write", "--dangerously-skip-permissions",
@@ -393,4 +373,4 @@ def test_claude_code_over_the_messages_api(agent_run):
         "The file hello.py does not exist yet. Call the Write tool to create hello.py with "
         "the content print('hello from mtpx'), then reply with one short sentence.",
         TASK_AGAIN.replace("the write tool", "the Write tool"),
-    ], run_task), "hello.py")
+    ], run_task, user), "hello.py")
