@@ -10,6 +10,7 @@ use super::{detokenizer_of, http_server, ApiConfig, AppState};
 use crate::cli::ModelArgs;
 use crate::engine::{Engine, EngineConfig};
 use crate::model::ModelBundle;
+use crate::session::store::StoreConfig;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::net::IpAddr;
@@ -74,6 +75,18 @@ pub struct ServeArgs {
     /// Seconds an idle session keeps its KV.
     #[arg(long, default_value_t = 3600)]
     pub session_ttl: u64,
+    /// Where sessions (their K/V pages and token histories) and stored responses are written
+    /// after each turn, so that a session evicted from memory or lost in a restart resumes
+    /// from disk instead of a cold prefill. Replicas serving the same model may share it.
+    /// Default: `$MTPX_HOME/sessions`.
+    #[arg(long, value_name = "DIR")]
+    pub session_dir: Option<std::path::PathBuf>,
+    /// Most bytes the session store keeps on disk; past it the oldest files are evicted.
+    #[arg(long, default_value = "20GiB", value_parser = parse_size)]
+    pub session_disk: usize,
+    /// Keep sessions in memory only (no session store).
+    #[arg(long, conflicts_with = "session_dir")]
+    pub no_session_store: bool,
     /// Largest request body (e.g. 16MiB, 1MB, 65536).
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub max_body: usize,
@@ -144,6 +157,14 @@ impl ServeArgs {
             strict_max_tokens: self.strict_max_tokens,
             lazy_tool_grammar: !self.no_tool_grammar,
             default_seed: self.seed,
+            session_store: (!self.no_session_store).then(|| StoreConfig {
+                dir: self
+                    .session_dir
+                    .clone()
+                    .unwrap_or_else(|| crate::pull::mtpx_home().join("sessions")),
+                budget_bytes: self.session_disk as u64,
+                response_ttl: Duration::from_secs(self.session_ttl),
+            }),
         }
     }
 
@@ -247,6 +268,7 @@ async fn run(args: ServeArgs) -> Result<()> {
     });
     let mut engine_cfg = args.engine_config();
     let fail = failure.clone();
+    let stopped_state = state.clone();
     actix_rt::spawn(async move {
         let started = match rx.await {
             Ok(Ok((bundle, draft))) => {
@@ -270,6 +292,9 @@ async fn run(args: ServeArgs) -> Result<()> {
         }
     });
     server.await.context("running the HTTP server")?;
+    if let Ok(engine) = stopped_state.engine() {
+        engine.persist_sessions().await;
+    }
     if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }

@@ -26,6 +26,7 @@ use crate::scheduler::{
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{
     BeginTurn, EndTurn, History, ReleaseAll, SessionActor, SessionInfo, SessionRegistry,
+    SessionStore,
 };
 use crate::spec::cost::{measure_mtp_step, measure_row_cost, measure_step, DraftModelCosts};
 use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
@@ -71,6 +72,8 @@ pub struct EngineConfig {
     pub lazy_tool_grammar: bool,
     /// The seed of requests that give none (`--seed`): sampled replies become reproducible.
     pub default_seed: Option<u64>,
+    /// Sessions on disk too (`--session-dir`): `None` keeps them in memory only.
+    pub session_store: Option<crate::session::store::StoreConfig>,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +94,7 @@ impl Default for EngineConfig {
             strict_max_tokens: false,
             lazy_tool_grammar: true,
             default_seed: None,
+            session_store: None,
         }
     }
 }
@@ -167,6 +171,8 @@ pub struct Engine {
     /// The tokens that end a reply (banned for a request with `ignore_eos`).
     stop_token_ids: Arc<[u32]>,
     next_stream_id: AtomicU64,
+    /// Sessions' pages and histories on disk (`--session-dir`).
+    store: Option<Arc<SessionStore>>,
 }
 
 /// A request's events; dropping it cancels the request.
@@ -284,7 +290,18 @@ impl Engine {
         // The MTP heads' K/V, like the draft model's, holds as many tokens as the target's.
         let mtp = uses_mtp
             .then(|| MtpWorker::start(model.clone(), cfg.page_size, cfg.kv_dtype, num_pages));
-        let worker = ModelWorker::start(model, cfg.page_size, cfg.kv_dtype, num_pages);
+        let worker = ModelWorker::start(model.clone(), cfg.page_size, cfg.kv_dtype, num_pages);
+        let store = match &cfg.session_store {
+            Some(store_cfg) => Some(open_store(
+                store_cfg,
+                &bundle.path,
+                model,
+                &cfg,
+                num_pages,
+                &worker,
+            )?),
+            None => None,
+        };
         let (text_tokenizer, template) =
             (Arc::new(bundle.tokenizer), bundle.template.map(Arc::new));
         let grammars = Arc::new(Grammars::new(
@@ -308,7 +325,9 @@ impl Engine {
         let tokenizer = TokenizerActor::start(text_tokenizer.clone(), template.clone());
         let encoders = TokenizerActor::start_encoders(ENCODER_THREADS, text_tokenizer, template);
         let pool = PagePoolActor::new(num_pages, cfg.page_size).start();
-        let registry = SessionRegistry::new(pool.clone(), cfg.page_size, cfg.session_ttl).start();
+        let registry = SessionRegistry::new(pool.clone(), cfg.page_size, cfg.session_ttl)
+            .with_store(store.clone())
+            .start();
         let scheduler = SchedulerActor::new(SchedulerParts {
             cfg: SchedulerConfig {
                 max_batch_tokens: cfg.max_batch_tokens,
@@ -341,11 +360,17 @@ impl Engine {
             grammars,
             stop_token_ids: bundle.stop_token_ids.into(),
             next_stream_id: AtomicU64::new(0),
+            store,
         })
     }
 
     pub fn info(&self) -> &EngineInfo {
         &self.info
+    }
+
+    /// The session store, when sessions are kept on disk.
+    pub fn session_store(&self) -> Option<&Arc<SessionStore>> {
+        self.store.as_ref()
     }
 
     /// Tokenizes text with its special-token text left as text (see [`EncodeLiteral`]): for
@@ -649,6 +674,16 @@ impl Engine {
         self.worker.send(KvBytes).await.unwrap_or(0)
     }
 
+    /// Waits until every finished turn's session is on disk (graceful shutdown): the turns'
+    /// ends have reached their sessions, whose pages were then handed to the store's writer.
+    pub async fn persist_sessions(&self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let _ = self.scheduler.send(Settle).await;
+        let _ = actix_rt::task::spawn_blocking(move || store.flush()).await;
+    }
+
     /// Expires idle sessions and empties the prefix cache (what "caches cleared" means in the
     /// leak tests). Sessions with a turn in progress are kept.
     pub async fn clear_caches(&self) {
@@ -664,4 +699,34 @@ impl Engine {
             let _ = m.send(ClearIdleDrafts).await;
         }
     }
+}
+
+/// Opens the session store for this model's K/V: the model worker moves the pages, the
+/// layout is the worker's storage's (q8's key scales come from the model's calibration).
+fn open_store(
+    store_cfg: &crate::session::store::StoreConfig,
+    model_path: &std::path::Path,
+    model: Arc<crate::model::Transformer>,
+    cfg: &EngineConfig,
+    num_pages: usize,
+    worker: &Addr<ModelWorker>,
+) -> Result<Arc<SessionStore>> {
+    let (page_size, dtype) = (cfg.page_size, cfg.kv_dtype);
+    let layout = move || {
+        let kv = crate::runner::calibrate::kv_storage(&model, page_size, dtype, num_pages);
+        crate::session::store::KvLayout::of(&kv)
+    };
+    let mover = crate::session::store::PageMover {
+        export: worker.clone().recipient(),
+        import: worker.clone().recipient(),
+    };
+    let store = SessionStore::open(
+        store_cfg.clone(),
+        model_path.to_path_buf(),
+        Box::new(layout),
+        mover,
+    )
+    .map_err(|e| anyhow::anyhow!("opening the session store {}: {e}", store_cfg.dir.display()))?;
+    tracing::info!(dir = %store_cfg.dir.display(), "sessions are kept on disk too");
+    Ok(store)
 }

@@ -242,6 +242,12 @@ fn bytes_of<T: Copy>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
 }
 
+fn bytes_of_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as `bytes_of`; every bit pattern is a valid f16, f32 or i8, so any bytes written
+    // leave the slice valid.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
+}
+
 struct Chunks<T: Zeroable> {
     chunks: Vec<AlignedBuf<T>>,
 }
@@ -366,6 +372,11 @@ impl KvStorage {
         let hd = self.shape.head_dim;
         let at = (layer * self.shape.num_kv_heads + head) * hd;
         self.key_channels.as_deref().map(|c| &c[at..at + hd])
+    }
+
+    /// Every key channel scale (`[layer][kv_head][head_dim]`), q8 only.
+    pub fn all_key_channels(&self) -> Option<&[f32]> {
+        self.key_channels.as_deref()
     }
 
     /// Bytes currently allocated (grows with the highest page ever written).
@@ -513,6 +524,70 @@ impl KvStorage {
         }
     }
 
+    /// The bytes of whole pages, one after another ([`KvShape::page_bytes`] each), as stored:
+    /// per layer, K then V, per head the block's elements and, for q8, its slots' scales (the
+    /// session store's page format; [`KvStorage::import_pages`] reads it back).
+    pub fn export_pages(&mut self, page_ids: &[u32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(page_ids.len() * self.shape.page_bytes(self.dtype));
+        for &page in page_ids {
+            self.ensure_page(page as usize);
+            self.for_each_block(page, |data, elems, scales| match data {
+                KvData::F16(c) => out.extend_from_slice(bytes_of(&c.chunks[elems.0][elems.1])),
+                KvData::F32(c) => out.extend_from_slice(bytes_of(&c.chunks[elems.0][elems.1])),
+                KvData::Q8 { values, scales: s } => {
+                    out.extend_from_slice(bytes_of(&values.chunks[elems.0][elems.1]));
+                    out.extend_from_slice(bytes_of(&s.chunks[scales.0][scales.1.clone()]));
+                }
+            });
+        }
+        out
+    }
+
+    /// Writes pages exported by [`KvStorage::export_pages`] (of the same shape and dtype) into
+    /// `page_ids`. `bytes` must hold exactly one page per id.
+    pub fn import_pages(&mut self, page_ids: &[u32], bytes: &[u8]) {
+        let page_bytes = self.shape.page_bytes(self.dtype);
+        assert_eq!(bytes.len(), page_ids.len() * page_bytes, "page bytes");
+        let mut at = 0;
+        for &page in page_ids {
+            self.ensure_page(page as usize);
+            self.for_each_block(page, |data, elems, scales| {
+                let mut take = |dst: &mut [u8]| {
+                    dst.copy_from_slice(&bytes[at..at + dst.len()]);
+                    at += dst.len();
+                };
+                match data {
+                    KvData::F16(c) => take(bytes_of_mut(&mut c.chunks[elems.0][elems.1])),
+                    KvData::F32(c) => take(bytes_of_mut(&mut c.chunks[elems.0][elems.1])),
+                    KvData::Q8 { values, scales: s } => {
+                        take(bytes_of_mut(&mut values.chunks[elems.0][elems.1]));
+                        take(bytes_of_mut(&mut s.chunks[scales.0][scales.1.clone()]));
+                    }
+                }
+            });
+        }
+    }
+
+    /// Calls `f` with every (layer, K/V, head) block of `page` in export order: the storage,
+    /// the block's (chunk, element range) and its (chunk, scale range).
+    fn for_each_block(
+        &mut self,
+        page: u32,
+        mut f: impl FnMut(&mut KvData, (usize, std::ops::Range<usize>), (usize, std::ops::Range<usize>)),
+    ) {
+        let shape = self.shape;
+        for layer in 0..shape.num_layers {
+            for kind in [KvKind::Key, KvKind::Value] {
+                for head in 0..shape.num_kv_heads {
+                    let (chunk, block) = self.locate(page as usize, layer, kind, head);
+                    let elems = block * shape.head_block()..(block + 1) * shape.head_block();
+                    let scales = block * shape.page_size..(block + 1) * shape.page_size;
+                    f(&mut self.data, (chunk, elems), (chunk, scales));
+                }
+            }
+        }
+    }
+
     /// One head of K (transposed) or V in one page, read in place. (Always inlined: attention
     /// looks up four of these a page of every block; as a call, which `#[inline]` alone left it
     /// in `attend_block`, it was 5% of a decode row's attention at 16K.)
@@ -595,6 +670,46 @@ mod tests {
                 );
             }
             assert_eq!(kv.key_channels(0, 1).is_some(), dtype == KvDtype::Q8);
+        }
+    }
+
+    #[test]
+    fn exported_pages_import_into_other_pages_bit_for_bit() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Q8] {
+            let mut kv = KvStorage::new(shape(), dtype, 600);
+            let mut x = 0.37f32;
+            for page in [3u32, 513] {
+                for slot in 0..3 {
+                    for layer in 0..2 {
+                        let k: Vec<f32> = (0..8).map(|i| (x + i as f32).sin()).collect();
+                        let v: Vec<f32> = (0..8).map(|i| (x * 3.0 - i as f32).cos()).collect();
+                        kv.write_token(page, slot, layer, &k, &v);
+                        x += 0.71;
+                    }
+                }
+            }
+            let bytes = kv.export_pages(&[3, 513]);
+            assert_eq!(bytes.len(), 2 * shape().page_bytes(dtype));
+            kv.import_pages(&[7, 2], &bytes);
+            for (from, to) in [(3u32, 7u32), (513, 2)] {
+                for layer in 0..2 {
+                    for kind in [KvKind::Key, KvKind::Value] {
+                        for head in 0..2 {
+                            let a = kv.head_rows(from, layer, kind, head);
+                            let b = kv.head_rows(to, layer, kind, head);
+                            assert_eq!(a.bytes(), b.bytes(), "{dtype:?}");
+                            if let (
+                                HeadRows::Q8 { scales: sa, .. },
+                                HeadRows::Q8 { scales: sb, .. },
+                            ) = (a, b)
+                            {
+                                assert_eq!(sa, sb);
+                            }
+                        }
+                    }
+                }
+            }
+            assert_eq!(kv.export_pages(&[7, 2]), bytes, "{dtype:?}");
         }
     }
 

@@ -8,6 +8,7 @@ use crate::error::EngineError;
 use crate::kv::{KvDtype, KvStorage, PageCopy, PageId};
 use crate::model::Transformer;
 use crate::sampling::{token_logprobs, Sampler, SamplingError, TokenHistory};
+use crate::session::store::{ExportPages, ImportPages};
 use actix::prelude::*;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -182,5 +183,19 @@ impl Handler<KvBytes> for ModelWorker {
     type Result = usize;
     fn handle(&mut self, _: KvBytes, _: &mut SyncContext<Self>) -> usize {
         self.kv.bytes_allocated()
+    }
+}
+
+impl Handler<ExportPages> for ModelWorker {
+    type Result = MessageResult<ExportPages>;
+    fn handle(&mut self, msg: ExportPages, _: &mut SyncContext<Self>) -> Self::Result {
+        MessageResult(self.kv.export_pages(&msg.page_ids))
+    }
+}
+
+impl Handler<ImportPages> for ModelWorker {
+    type Result = ();
+    fn handle(&mut self, msg: ImportPages, _: &mut SyncContext<Self>) {
+        self.kv.import_pages(&msg.page_ids, &msg.bytes);
     }
 }

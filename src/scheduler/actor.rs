@@ -435,6 +435,11 @@ impl SchedulerActor {
             Some(Ok(out)) => out,
             Some(Err(e)) => {
                 for g in outcome.granted {
+                    // The step's K/V may be half written: nothing the session holds is kept,
+                    // published or stored.
+                    if let Some(a) = self.active.get(&g.grant.seq_id) {
+                        a.sub.session.do_send(ReleaseAll);
+                    }
                     self.finish(g.grant.seq_id, Err(e.clone()));
                 }
                 return;

@@ -10,11 +10,14 @@
 //! budget covers it) and hands the copy to the scheduler, which has the model worker run it
 //! before the forward and then releases the source.
 
+use super::registry::SessionKey;
+use super::store::{ExportPages, ImportPages, SessionStore};
 use crate::error::EngineError;
 use crate::kv::pool_actor::{Allocate, LookupPrefix, PagePoolActor, PublishPrefix, Release};
 use crate::kv::{PageCopy, PageId, PageTable};
 use crate::tokenizer::common_prefix;
 use actix::prelude::*;
+use std::sync::Arc;
 use std::time::Instant;
 
 pub struct SessionActor {
@@ -28,6 +31,18 @@ pub struct SessionActor {
     partial: Option<PartialPage>,
     turn_in_progress: bool,
     last_used: Instant,
+    /// The disk tier, for a named session when the server has a store.
+    disk: Option<OnDisk>,
+}
+
+/// A session's file in the store and how much of the history it holds.
+struct OnDisk {
+    store: Arc<SessionStore>,
+    key: SessionKey,
+    /// Whether the file was looked for (on the first turn).
+    looked: bool,
+    /// Leading positions of the history the file holds as they are now.
+    len: usize,
 }
 
 impl SessionActor {
@@ -42,7 +57,20 @@ impl SessionActor {
             partial: None,
             turn_in_progress: false,
             last_used: Instant::now(),
+            disk: None,
         }
+    }
+
+    /// Keeps the session in `store` under `key`: read back on its first turn, written after
+    /// each.
+    pub fn with_store(mut self, store: Arc<SessionStore>, key: SessionKey) -> Self {
+        self.disk = Some(OnDisk {
+            store,
+            key,
+            looked: false,
+            len: 0,
+        });
+        self
     }
 
     /// Cuts history and pages back to `len` and returns the pages to release (the emptied
@@ -52,6 +80,9 @@ impl SessionActor {
         emptied.extend(self.partial.take().map(|p| p.src));
         self.tokens.truncate(self.table.len());
         self.num_shared = self.num_shared.min(self.table.page_ids().len());
+        if let Some(disk) = &mut self.disk {
+            disk.len = disk.len.min(self.tokens.len());
+        }
         emptied
     }
 
@@ -108,6 +139,72 @@ impl Handler<BeginTurn> for SessionActor {
         }
         self.turn_in_progress = true;
         self.last_used = Instant::now();
+        match self.read_back(&msg) {
+            None => AtomicResponse::new(self.begin(msg)),
+            Some(restore) => AtomicResponse::new(Box::pin(restore.into_actor(self).then(
+                move |restored, act, _| {
+                    if let Some((tokens, pages)) = restored {
+                        act.table.push_granted(&pages, tokens.len(), act.page_size);
+                        if let Some(disk) = &mut act.disk {
+                            disk.len = tokens.len();
+                        }
+                        act.tokens = tokens;
+                    }
+                    act.begin(msg)
+                },
+            ))),
+        }
+    }
+}
+
+impl SessionActor {
+    /// On a named session's first turn, with nothing in memory: reads its file back into pool
+    /// pages, as much of it as the prompt starts with. Resolves to the history and pages
+    /// restored, or `None` (no file, one that does not check out, or no pages free: the turn
+    /// then recomputes).
+    fn read_back(
+        &mut self,
+        msg: &BeginTurn,
+    ) -> Option<impl std::future::Future<Output = Option<(Vec<u32>, Vec<PageId>)>>> {
+        let disk = self.disk.as_mut()?;
+        if disk.looked || !self.tokens.is_empty() || !msg.reuse {
+            return None;
+        }
+        disk.looked = true;
+        let (store, key, pool) = (disk.store.clone(), disk.key.clone(), self.pool.clone());
+        let limit = msg.prompt.len().saturating_sub(1);
+        let prompt = msg.prompt.clone();
+        let page_size = self.page_size;
+        Some(async move {
+            let read = store.clone();
+            let saved = actix_rt::task::spawn_blocking(move || read.load(&key))
+                .await
+                .ok()??;
+            let reuse = common_prefix(&saved.tokens, &prompt).min(limit);
+            let num_pages = reuse.div_ceil(page_size);
+            if num_pages == 0 {
+                return None;
+            }
+            let pages = pool.send(Allocate { num_pages }).await.ok()?.ok()?;
+            let mut bytes = saved.pages;
+            bytes.truncate(num_pages * store.layout().page_bytes);
+            let import = ImportPages {
+                page_ids: pages.clone(),
+                bytes,
+            };
+            if store.mover.import.send(import).await.is_err() {
+                pool.do_send(Release { page_ids: pages });
+                return None;
+            }
+            let mut tokens = saved.tokens;
+            tokens.truncate(reuse);
+            Some((tokens, pages))
+        })
+    }
+
+    /// Starts the turn from what the session holds: keeps the longest common prefix with the
+    /// prompt, or what the prefix cache holds of it when that is longer.
+    fn begin(&mut self, msg: BeginTurn) -> ResponseActFuture<Self, Result<TurnStart, EngineError>> {
         // At least one prompt token is always computed: its logits start the reply.
         let limit = if msg.reuse {
             msg.prompt.len().saturating_sub(1)
@@ -133,35 +230,33 @@ impl Handler<BeginTurn> for SessionActor {
         // the last of them left, while the turn itself was computed beside it. Within a page of
         // the prompt's end there is nothing more to find.
         if reuse + page_size > limit {
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(self.turn_start()))));
+            return Box::pin(fut::ready(Ok(self.turn_start())));
         }
         let lookup = self.pool.send(LookupPrefix {
             tokens: msg.prompt[..limit].to_vec(),
         });
-        AtomicResponse::new(Box::pin(lookup.into_actor(self).map(
-            move |found, act, _| {
-                let found = found??;
-                let len = found.pages.len() * page_size;
-                let found_len = len + found.partial.map_or(0, |p| p.len);
-                if found_len <= act.turn_start().cached_tokens {
-                    // What the session keeps is as long: the cache's references go back.
-                    let mut unused = found.pages;
-                    unused.extend(found.partial.map(|p| p.page_id));
-                    act.release_later(unused);
-                    return Ok(act.turn_start());
-                }
-                let kept = act.cut(0);
-                act.release_later(kept);
-                act.table.push_granted(&found.pages, len, page_size);
-                act.tokens.extend_from_slice(&msg.prompt[..len]);
-                act.num_shared = found.pages.len();
-                act.partial = found.partial.map(|p| PartialPage {
-                    src: p.page_id,
-                    tokens: msg.prompt[len..len + p.len].to_vec(),
-                });
-                Ok(act.turn_start())
-            },
-        )))
+        Box::pin(lookup.into_actor(self).map(move |found, act, _| {
+            let found = found??;
+            let len = found.pages.len() * page_size;
+            let found_len = len + found.partial.map_or(0, |p| p.len);
+            if found_len <= act.turn_start().cached_tokens {
+                // What the session keeps is as long: the cache's references go back.
+                let mut unused = found.pages;
+                unused.extend(found.partial.map(|p| p.page_id));
+                act.release_later(unused);
+                return Ok(act.turn_start());
+            }
+            let kept = act.cut(0);
+            act.release_later(kept);
+            act.table.push_granted(&found.pages, len, page_size);
+            act.tokens.extend_from_slice(&msg.prompt[..len]);
+            act.num_shared = found.pages.len();
+            act.partial = found.partial.map(|p| PartialPage {
+                src: p.page_id,
+                tokens: msg.prompt[len..len + p.len].to_vec(),
+            });
+            Ok(act.turn_start())
+        }))
     }
 }
 
@@ -274,8 +369,10 @@ pub struct EndTurn {
 }
 
 impl Handler<EndTurn> for SessionActor {
-    type Result = ();
-    fn handle(&mut self, msg: EndTurn, _: &mut Context<Self>) {
+    type Result = AtomicResponse<Self, ()>;
+    /// Atomic while the turn's pages are copied out for the store: the next turn cannot
+    /// change them before they are.
+    fn handle(&mut self, msg: EndTurn, _: &mut Context<Self>) -> Self::Result {
         self.turn_in_progress = false;
         self.last_used = Instant::now();
         let full = self.table.len() / self.page_size;
@@ -286,6 +383,47 @@ impl Handler<EndTurn> for SessionActor {
             });
             self.num_shared = full;
         }
+        let save = if msg.publish {
+            self.write_behind()
+        } else {
+            None
+        };
+        match save {
+            Some(save) => AtomicResponse::new(Box::pin(save.into_actor(self))),
+            None => AtomicResponse::new(Box::pin(fut::ready(()))),
+        }
+    }
+}
+
+impl SessionActor {
+    /// The store's copy of what the finished turn added: its pages from the first one the file
+    /// does not hold as they are (all of them when the file is missing, or mostly pages that
+    /// later segments replaced), copied out by the model worker and handed to the store's
+    /// writer.
+    fn write_behind(&mut self) -> Option<impl std::future::Future<Output = ()>> {
+        let disk = self.disk.as_mut()?;
+        let len = self.tokens.len();
+        if len == 0 || disk.len == len {
+            return None;
+        }
+        let num_pages = len.div_ceil(self.page_size);
+        let page_bytes = disk.store.layout().page_bytes as u64;
+        let live_bytes = num_pages as u64 * (page_bytes + 4);
+        let first_page = match disk.store.file_len(&disk.key) {
+            Some(file) if file <= 2 * live_bytes + (1 << 20) => disk.len / self.page_size,
+            _ => 0,
+        };
+        let export = disk.store.mover.export.send(ExportPages {
+            page_ids: self.table.page_ids()[first_page..num_pages].to_vec(),
+        });
+        let (store, key, history) = (disk.store.clone(), disk.key.clone(), self.tokens.clone());
+        disk.len = len;
+        Some(async move {
+            match export.await {
+                Ok(pages) => store.save(&key, first_page, history, pages),
+                Err(e) => tracing::warn!("session store: copying pages out failed: {e}"),
+            }
+        })
     }
 }
 

@@ -3,9 +3,11 @@
 
 pub mod actor;
 pub mod registry;
+pub mod store;
 
 pub use actor::{
     BeginTurn, EndTurn, Flush, Grow, Grown, History, ReleaseAll, SessionActor, SessionInfo,
     Truncate, TurnStart,
 };
 pub use registry::{SessionKey, SessionRegistry};
+pub use store::SessionStore;

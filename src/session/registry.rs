@@ -3,9 +3,11 @@
 //! Session ids are scoped by the API key that created them.
 
 use super::actor::{GetSessionInfo, SessionActor, SessionInfo, TryExpire};
+use super::store::SessionStore;
 use crate::kv::pool_actor::PagePoolActor;
 use actix::prelude::*;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A session's name: the id the client gave, within the scope of its API key.
@@ -25,6 +27,8 @@ pub struct SessionRegistry {
     pool: Addr<PagePoolActor>,
     page_size: usize,
     ttl: Duration,
+    /// Where sessions are written after each turn and read back from when not in memory.
+    store: Option<Arc<SessionStore>>,
 }
 
 impl SessionRegistry {
@@ -34,7 +38,24 @@ impl SessionRegistry {
             pool,
             page_size,
             ttl,
+            store: None,
         }
+    }
+
+    /// Sessions kept in `store` too: an expired or evicted session, or one from before a
+    /// restart, resumes from its pages there.
+    pub fn with_store(mut self, store: Option<Arc<SessionStore>>) -> Self {
+        self.store = store;
+        self
+    }
+
+    fn start_session(&self, key: &SessionKey) -> Addr<SessionActor> {
+        let session = SessionActor::new(key.session_id.clone(), self.pool.clone(), self.page_size);
+        match &self.store {
+            Some(store) => session.with_store(store.clone(), key.clone()),
+            None => session,
+        }
+        .start()
     }
 
     fn expire(&mut self, key: SessionKey, ctx: &mut Context<Self>) {
@@ -83,18 +104,16 @@ pub struct GetOrCreate {
 impl Handler<GetOrCreate> for SessionRegistry {
     type Result = MessageResult<GetOrCreate>;
     fn handle(&mut self, msg: GetOrCreate, _: &mut Context<Self>) -> Self::Result {
-        let pool = self.pool.clone();
-        let page_size = self.page_size;
-        let entry = self
-            .sessions
-            .entry(msg.key.clone())
-            .or_insert_with(|| Entry {
-                addr: SessionActor::new(msg.key.session_id.clone(), pool, page_size).start(),
-                last_used: Instant::now(),
-            });
-        if !entry.addr.connected() {
-            entry.addr =
-                SessionActor::new(msg.key.session_id, self.pool.clone(), page_size).start();
+        let started = match self.sessions.get(&msg.key) {
+            Some(e) if e.addr.connected() => None,
+            _ => Some(self.start_session(&msg.key)),
+        };
+        let entry = self.sessions.entry(msg.key).or_insert_with(|| Entry {
+            addr: started.clone().expect("started above"),
+            last_used: Instant::now(),
+        });
+        if let Some(addr) = started {
+            entry.addr = addr;
         }
         entry.last_used = Instant::now();
         MessageResult(entry.addr.clone())

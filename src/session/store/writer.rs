@@ -1,0 +1,222 @@
+//! The store's writer thread: encodes and writes what sessions and responses hand it, one job
+//! at a time, off every request's path, and keeps the directory within its budget (oldest
+//! files go first). A full disk costs a warning and the oldest files, never a request.
+
+use super::format::{self, Header, Segment};
+use super::SessionStore;
+use crate::session::SessionKey;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Weak};
+use std::time::SystemTime;
+
+pub(super) enum Job {
+    /// A finished turn: pages `first_page..` of `history` (all of it when `first_page == 0`:
+    /// the file is then written anew).
+    Session {
+        key: SessionKey,
+        first_page: usize,
+        history: Vec<u32>,
+        pages: Vec<u8>,
+    },
+    Write {
+        path: PathBuf,
+        bytes: Vec<u8>,
+    },
+    Remove {
+        path: PathBuf,
+    },
+}
+
+pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: u64) {
+    // What every job needs: worked out now, before the first turn ends.
+    match store.upgrade() {
+        Some(s) => {
+            s.fingerprint();
+            s.layout();
+            enforce_budget(&s, budget, None);
+        }
+        None => return,
+    }
+    while let Ok(job) = jobs.recv() {
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        let target = execute_with_room(&store, &job);
+        enforce_budget(&store, budget, target.as_deref());
+        store.job_done();
+    }
+}
+
+/// Runs `job`; on a full disk evicts the oldest file and tries once more. Returns the path
+/// written.
+fn execute_with_room(store: &SessionStore, job: &Job) -> Option<PathBuf> {
+    let mut tried_room = false;
+    loop {
+        match execute(store, job) {
+            Ok(Some((path, bytes))) => {
+                store.metrics.writes.fetch_add(1, Ordering::Relaxed);
+                store
+                    .metrics
+                    .bytes_written
+                    .fetch_add(bytes, Ordering::Relaxed);
+                return Some(path);
+            }
+            Ok(None) => return None,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && !tried_room => {
+                tracing::warn!("session store: the disk is full; evicting the oldest file");
+                tried_room = true;
+                let files = inventory(store.dir());
+                let oldest = files.first()?;
+                remove(store, &oldest.path);
+            }
+            Err(e) => {
+                store.metrics.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("session store: a write failed (serving goes on): {e}");
+                return None;
+            }
+        }
+    }
+}
+
+/// Writes `job`; the path and bytes written, or `None` when there was nothing to do.
+fn execute(store: &SessionStore, job: &Job) -> std::io::Result<Option<(PathBuf, u64)>> {
+    match job {
+        Job::Session {
+            key,
+            first_page,
+            history,
+            pages,
+        } => {
+            let path = store.session_path(key);
+            let layout = store.layout();
+            let from = first_page * layout.page_size;
+            let segment = format::encode_segment(
+                &Segment {
+                    first_page: *first_page,
+                    total_len: history.len(),
+                    prefix_hash: format::prefix_hash(&history[..from]),
+                    tokens: &history[from..],
+                    pages,
+                },
+                layout.page_bytes,
+            );
+            if *first_page == 0 {
+                let mut bytes = format::encode_header(&Header {
+                    format: format::FORMAT_VERSION,
+                    model_sha256: store.fingerprint().to_string(),
+                    kv: layout.clone(),
+                    scope: key.scope.clone(),
+                    session_id: key.session_id.clone(),
+                });
+                bytes.extend_from_slice(&segment);
+                write_atomically(&path, &bytes)?;
+                return Ok(Some((path, bytes.len() as u64)));
+            }
+            // Appending continues a file this process read or wrote; one evicted meanwhile is
+            // written whole by the session's next turn.
+            let mut file = match std::fs::OpenOptions::new().append(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            file.write_all(&segment)?;
+            file.sync_data()?;
+            Ok(Some((path, segment.len() as u64)))
+        }
+        Job::Write { path, bytes } => {
+            write_atomically(path, bytes)?;
+            Ok(Some((path.clone(), bytes.len() as u64)))
+        }
+        Job::Remove { path } => {
+            remove(store, path);
+            Ok(None)
+        }
+    }
+}
+
+/// Writes `bytes` to a temporary file beside `path`, syncs it and renames it over `path`: a
+/// crash leaves the old file or the new one, never a mix.
+pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn remove(store: &SessionStore, path: &Path) {
+    if std::fs::remove_file(path).is_ok() {
+        store.metrics.evicted_files.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct StoredFile {
+    path: PathBuf,
+    bytes: u64,
+    modified: SystemTime,
+    is_session: bool,
+}
+
+/// The store's files (sessions of every model, responses), oldest first.
+fn inventory(dir: &Path) -> Vec<StoredFile> {
+    let mut files = Vec::new();
+    let Ok(top) = std::fs::read_dir(dir) else {
+        return files;
+    };
+    for sub in top.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(entries) = std::fs::read_dir(sub.path()) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
+            if ext != "kv" && ext != "json" {
+                continue;
+            }
+            if let Ok(meta) = e.metadata() {
+                files.push(StoredFile {
+                    is_session: ext == "kv",
+                    bytes: meta.len(),
+                    modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    path,
+                });
+            }
+        }
+    }
+    files.sort_by_key(|f| f.modified);
+    files
+}
+
+/// Evicts the oldest files until the directory fits `budget` (never `keep`, the file just
+/// written), and publishes what is on disk.
+fn enforce_budget(store: &SessionStore, budget: u64, keep: Option<&Path>) {
+    let files = inventory(store.dir());
+    let mut total: u64 = files.iter().map(|f| f.bytes).sum();
+    let mut sessions = files.iter().filter(|f| f.is_session).count() as u64;
+    for f in &files {
+        if total <= budget {
+            break;
+        }
+        if Some(f.path.as_path()) == keep {
+            continue;
+        }
+        tracing::info!(path = %f.path.display(), bytes = f.bytes, "session store over budget: evicted");
+        remove(store, &f.path);
+        total -= f.bytes;
+        sessions -= f.is_session as u64;
+    }
+    let m = &store.metrics;
+    m.bytes_on_disk.store(total, Ordering::Relaxed);
+    m.files_on_disk.store(sessions, Ordering::Relaxed);
+}
