@@ -160,6 +160,89 @@ fn write_simd_info(out: &mut String) {
     );
 }
 
+/// The session store's gauges and counters (`--session-dir`).
+fn write_store(out: &mut String, m: &crate::session::store::StoreMetrics) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let rows: [(&str, &str, &str, u64); 11] = [
+        (
+            "mtpx_session_store_bytes",
+            "Bytes of session and response files on disk.",
+            "gauge",
+            load(&m.bytes_on_disk),
+        ),
+        (
+            "mtpx_session_store_sessions",
+            "Session files on disk.",
+            "gauge",
+            load(&m.files_on_disk),
+        ),
+        (
+            "mtpx_session_store_writes_total",
+            "Files written or appended to.",
+            "counter",
+            load(&m.writes),
+        ),
+        (
+            "mtpx_session_store_written_bytes_total",
+            "Bytes written.",
+            "counter",
+            load(&m.bytes_written),
+        ),
+        (
+            "mtpx_session_store_write_errors_total",
+            "Writes that failed (serving went on).",
+            "counter",
+            load(&m.write_errors),
+        ),
+        (
+            "mtpx_session_store_restores_total",
+            "Sessions read back from disk.",
+            "counter",
+            load(&m.restores),
+        ),
+        (
+            "mtpx_session_store_restored_bytes_total",
+            "Page bytes read back.",
+            "counter",
+            load(&m.restored_bytes),
+        ),
+        (
+            "mtpx_session_store_restored_tokens_total",
+            "Positions read back (before matching the prompt).",
+            "counter",
+            load(&m.restored_tokens),
+        ),
+        (
+            "mtpx_session_store_torn_files_total",
+            "Files or tails skipped as torn or corrupt.",
+            "counter",
+            load(&m.torn_files),
+        ),
+        (
+            "mtpx_session_store_foreign_files_total",
+            "Files skipped as written for another model, K/V layout or session.",
+            "counter",
+            load(&m.foreign_files),
+        ),
+        (
+            "mtpx_session_store_evicted_files_total",
+            "Files removed for the disk budget or a full disk.",
+            "counter",
+            load(&m.evicted_files),
+        ),
+    ];
+    for (name, help, kind, value) in rows {
+        gauge(out, name, help, kind, value);
+    }
+    gauge(
+        out,
+        "mtpx_session_store_restore_seconds_total",
+        "Time spent reading sessions back (restored bytes over it: the read rate).",
+        "counter",
+        load(&m.restore_micros) as f64 / 1e6,
+    );
+}
+
 pub async fn render(state: &AppState) -> String {
     let m = &state.metrics;
     let mut out = String::new();
@@ -234,6 +317,9 @@ pub async fn render(state: &AppState) -> String {
     let Ok(engine) = state.engine() else {
         return out;
     };
+    if let Some(store) = engine.session_store() {
+        write_store(&mut out, &store.metrics);
+    }
     let s = engine.scheduler_stats().await;
     gauge(
         &mut out,

@@ -181,6 +181,9 @@ impl AppState {
     /// Makes the server ready. Called once, when the model is loaded and the engine started.
     pub fn set_ready(&self, engine: Engine, detokenizer: Detokenizer) {
         let _ = self.detokenizer.set(detokenizer);
+        if let Some(store) = engine.session_store() {
+            self.responses.keep_on_disk(store.clone());
+        }
         if self.engine.set(engine).is_err() {
             tracing::warn!("the engine was already set; ignoring the second one");
         }

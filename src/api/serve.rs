@@ -84,8 +84,8 @@ pub struct ServeArgs {
     /// Most bytes the session store keeps on disk; past it the oldest files are evicted.
     #[arg(long, default_value = "20GiB", value_parser = parse_size)]
     pub session_disk: usize,
-    /// Keep sessions in memory only (no session store).
-    #[arg(long, conflicts_with = "session_dir")]
+    /// Keep sessions in memory only (no session store; wins over --session-dir).
+    #[arg(long)]
     pub no_session_store: bool,
     /// Largest request body (e.g. 16MiB, 1MB, 65536).
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]

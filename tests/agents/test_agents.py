@@ -75,7 +75,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("agent-logs") / "serve.log"
     port = free_port()
     args = [MTPX_BIN, "serve", "--model", MODEL, "--port", str(port), "--seed", "0",
-            "--temperature", "0"]
+            "--temperature", "0", "--session-dir", str(log.parent / "sessions")]
     for name in CLAUDE_MODELS:
         args += ["--alias", name]
     env = {k: v for k, v in os.environ.items() if k != "MTPX_API_KEY"} | {"NO_COLOR": "1"}

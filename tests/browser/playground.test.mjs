@@ -37,7 +37,8 @@ execFileSync(bin, ["make-test-model", "--out", dir, "--layers", "6", "--hidden",
 const port = await freePort();
 const url = `http://127.0.0.1:${port}`;
 const server = spawn(bin, ["serve", "--model", path.join(dir, "test-model.gguf"), "--port", String(port),
-  "--context-window", "32768", "--kv-memory", "256MiB", "--kv-dtype", "f32"], { stdio: "inherit" });
+  "--context-window", "32768", "--kv-memory", "256MiB", "--kv-dtype", "f32",
+  "--session-dir", path.join(dir, "sessions")], { stdio: "inherit" });
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -65,7 +66,10 @@ def start_server(model: Path, log: Path, *extra: str):
     port = free_port()
     args = [
         MTPX_BIN, "serve", "--model", str(model), "--port", str(port),
-        "--context-window", str(WINDOW), "--kv-memory", "64MiB", "--kv-dtype", "f32", *extra,
+        "--context-window", str(WINDOW), "--kv-memory", "64MiB", "--kv-dtype", "f32",
+        # Each server its own session store: one run's sessions must not resume in the next.
+        *([] if "--session-dir" in extra else ["--session-dir", tempfile.mkdtemp(prefix="mtpx-sessions-")]),
+        *extra,
     ]
     env = {k: v for k, v in os.environ.items() if k != "MTPX_API_KEY"}
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)

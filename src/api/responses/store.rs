@@ -11,8 +11,9 @@
 
 use super::event_log::EventLog;
 use super::types::ResponseObject;
+use crate::session::SessionStore;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A conversation's items (or chat messages), oldest first, as a chain that shares the earlier
@@ -112,6 +113,20 @@ pub struct ResponseStore {
     ttl: Duration,
     max_entries: usize,
     event_log_budget: usize,
+    /// Where stored responses are also written, so `previous_response_id` outlives a restart
+    /// and resolves on any replica sharing the directory (events of background streams are
+    /// not kept there).
+    disk: OnceLock<Arc<SessionStore>>,
+}
+
+/// A stored response as written to disk: the chains flattened.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct OnDisk<V> {
+    scope: String,
+    conversation_id: String,
+    messages: Vec<V>,
+    input_items: Vec<V>,
+    response: ResponseObject,
 }
 
 impl ResponseStore {
@@ -121,7 +136,13 @@ impl ResponseStore {
             ttl,
             max_entries: max_entries.max(1),
             event_log_budget: EVENT_LOG_BUDGET,
+            disk: OnceLock::new(),
         }
+    }
+
+    /// Writes stored responses to `store` too, and reads back from it those not in memory.
+    pub fn keep_on_disk(&self, store: Arc<SessionStore>) {
+        let _ = self.disk.set(store);
     }
 
     /// A store keeping at most `bytes` of finished event logs (tests).
@@ -140,6 +161,19 @@ impl ResponseStore {
         input_items: ItemChain,
         response: ResponseObject,
     ) {
+        if let Some(disk) = self.disk.get() {
+            let on_disk = OnDisk {
+                scope: scope.to_string(),
+                conversation_id: conversation_id.to_string(),
+                messages: messages.items(),
+                input_items: input_items.items(),
+                response: response.clone(),
+            };
+            match serde_json::to_vec(&on_disk) {
+                Ok(json) => disk.save_response(scope, &response.id, json),
+                Err(e) => tracing::warn!("a stored response could not be written: {e}"),
+            }
+        }
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let (events, events_dropped) = entries
             .get(&response.id)
@@ -175,10 +209,41 @@ impl ResponseStore {
     /// The response `id` if it exists, has not expired and belongs to `scope`.
     pub fn get(&self, scope: &str, id: &str) -> Option<StoredResponse> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
+        let found = entries
             .get(id)
             .filter(|e| e.scope == scope && e.stored_at.elapsed() < self.ttl)
-            .cloned()
+            .cloned();
+        drop(entries);
+        found.or_else(|| self.read_back(scope, id))
+    }
+
+    /// A response from before a restart (or another replica's), from disk; kept in memory
+    /// again once read.
+    fn read_back(&self, scope: &str, id: &str) -> Option<StoredResponse> {
+        let json = self.disk.get()?.load_response(scope, id)?;
+        let on_disk: OnDisk<serde_json::Value> = match serde_json::from_slice(&json) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(id, "a stored response on disk is unreadable: {e}");
+                return None;
+            }
+        };
+        if on_disk.scope != scope || on_disk.response.id != id {
+            return None;
+        }
+        let stored = StoredResponse {
+            scope: on_disk.scope,
+            conversation_id: on_disk.conversation_id,
+            messages: Arc::new(ItemChain::new(None, on_disk.messages)),
+            input_items: Arc::new(ItemChain::new(None, on_disk.input_items)),
+            response: Arc::new(on_disk.response),
+            events: None,
+            events_dropped: true,
+            stored_at: Instant::now(),
+        };
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.insert(id.to_string(), stored.clone());
+        Some(stored)
     }
 
     /// Keeps `events` with the stored response `id`.
@@ -191,12 +256,19 @@ impl ResponseStore {
 
     /// Deletes `id` when it belongs to `scope`; whether it did.
     pub fn remove(&self, scope: &str, id: &str) -> bool {
+        let on_disk = self
+            .disk
+            .get()
+            .filter(|d| d.load_response(scope, id).is_some());
+        if let Some(disk) = on_disk {
+            disk.remove_response(scope, id);
+        }
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.get(id).is_some_and(|e| e.scope == scope) {
             entries.remove(id);
             return true;
         }
-        false
+        on_disk.is_some()
     }
 
     pub fn len(&self) -> usize {

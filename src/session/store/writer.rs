@@ -43,26 +43,26 @@ pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: 
         let Some(store) = store.upgrade() else {
             return;
         };
-        let target = execute_with_room(&store, &job);
-        enforce_budget(&store, budget, target.as_deref());
+        let written = execute_with_room(&store, &job);
+        enforce_budget(&store, budget, written.as_ref().map(|(p, _)| p.as_path()));
+        // Counted once the directory is back within its budget: whoever waits for a write
+        // finds the store settled.
+        if let Some((_, bytes)) = written {
+            let m = &store.metrics;
+            m.writes.fetch_add(1, Ordering::Relaxed);
+            m.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+        }
         store.job_done();
     }
 }
 
 /// Runs `job`; on a full disk evicts the oldest file and tries once more. Returns the path
-/// written.
-fn execute_with_room(store: &SessionStore, job: &Job) -> Option<PathBuf> {
+/// and bytes written.
+fn execute_with_room(store: &SessionStore, job: &Job) -> Option<(PathBuf, u64)> {
     let mut tried_room = false;
     loop {
         match execute(store, job) {
-            Ok(Some((path, bytes))) => {
-                store.metrics.writes.fetch_add(1, Ordering::Relaxed);
-                store
-                    .metrics
-                    .bytes_written
-                    .fetch_add(bytes, Ordering::Relaxed);
-                return Some(path);
-            }
+            Ok(Some(written)) => return Some(written),
             Ok(None) => return None,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && !tried_room => {
                 tracing::warn!("session store: the disk is full; evicting the oldest file");
