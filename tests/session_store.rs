@@ -89,7 +89,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(model: &Path, log: PathBuf, args: &[&str]) -> Server {
+    fn start(model: &Path, log: PathBuf, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -102,6 +102,7 @@ impl Server {
             .args(["--port", &port.to_string(), "--kv-memory", "64MiB"])
             .args(args)
             .env_remove("MTPX_API_KEY")
+            .envs(envs.iter().copied())
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .spawn()
@@ -251,16 +252,14 @@ impl Fixture {
         self.dir.path().join("sessions")
     }
     async fn serve(&self, name: &str, extra: &[&str]) -> Server {
+        self.serve_with_env(name, extra, &[]).await
+    }
+    async fn serve_with_env(&self, name: &str, extra: &[&str], envs: &[(&str, &str)]) -> Server {
         let sessions = self.sessions();
         let mut args = vec!["--session-dir", sessions.to_str().unwrap()];
         args.extend(extra);
-        Server::start(
-            &self.model,
-            self.dir.path().join(format!("{name}.log")),
-            &args,
-        )
-        .ready()
-        .await
+        let log = self.dir.path().join(format!("{name}.log"));
+        Server::start(&self.model, log, &args, envs).ready().await
     }
     fn session_files(&self) -> Vec<PathBuf> {
         let mut files = Vec::new();
@@ -515,4 +514,76 @@ async fn kill_9_at_random_instants_never_loads_a_torn_file() {
             let _ = p.await;
         }
     }
+}
+
+#[actix_rt::test]
+async fn sigterm_mid_turn_drains_the_turn_to_disk_and_health_reports_it() {
+    let fx = Fixture::new();
+    // A slow disk: the turn's write is still queued when the HTTP server has stopped.
+    let slow_disk = [("MTPX_TEST_STORE_DELAY_MS", "1500")];
+    let server = fx.serve_with_env("drain", &[], &slow_disk).await;
+    let mut resp = awc::Client::default()
+        .get(format!("{}/get_load", server.url))
+        .send()
+        .await
+        .unwrap();
+    let load: Value = resp.json().await.unwrap();
+    assert_eq!(load, json!({"load": 0}));
+    let conversation = [user(&long_text(30, 300))];
+    // A streamed turn, stopped with SIGTERM as soon as its first token arrives.
+    let mut stream = awc::Client::default()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .insert_header(("x-session-id", "drained"))
+        .send_json(
+            &json!({"model": "test-model", "messages": conversation, "max_tokens": 400,
+                           "temperature": 0, "stream": true, "logit_bias": banned_specials()}),
+        )
+        .await
+        .unwrap();
+    let first = futures::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!first.is_empty());
+    let pid = server.child.id() as i32;
+    // SAFETY: signalling a child process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let mut body = first.to_vec();
+    while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+        body.extend_from_slice(&chunk.unwrap());
+    }
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("\"finish_reason\":\"length\""),
+        "the turn ran to its end: {text}"
+    );
+    let mut server = server;
+    let status = server.child.wait().unwrap();
+    assert!(
+        status.success(),
+        "a graceful stop exits 0: {}",
+        server.log_text()
+    );
+    let reply: String = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l.strip_prefix("data: ")?).ok())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+
+    let server = fx.serve("after-drain", &[]).await;
+    let turn2 = [
+        conversation[0].clone(),
+        json!({"role": "assistant", "content": reply}),
+        user("next"),
+    ];
+    let body = server.chat("drained", None, &turn2).await;
+    let first_prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached(&body) > first_prompt / 2,
+        "the drained turn was written before the exit: {body}"
+    );
 }

@@ -20,7 +20,7 @@
 //! | `GET /v1/stats` | [`stats`]: engine state as JSON (pool, scheduler, sessions) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`tokens`] |
-//! | `GET /health`, `GET /metrics` | [`health`], [`metrics`] |
+//! | `GET /health`, `GET /get_load`, `GET /metrics` | [`health`], [`metrics`] |
 //! | `POST /api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`, `/api/show`; `GET /api/tags`, `/api/ps`, `/api/version` | [`ollama`]: Ollama's API |
 //! | `POST /completion` (and `/completions`), `/infill`; `GET /props` | [`llamacpp`]: llama.cpp's native routes |
 //! | `POST /embedding` (and `/embeddings`) | [`embeddings`]: llama.cpp's native embeddings |
@@ -159,6 +159,9 @@ pub struct AppState {
     detokenizer: OnceLock<Detokenizer>,
     /// Unix seconds at start (the model's `created`).
     pub created: u64,
+    /// Set on SIGTERM/SIGINT: `/health` answers 503 so routers stop sending new work while
+    /// running turns finish and sessions are written to disk.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -175,6 +178,7 @@ impl AppState {
             engine: OnceLock::new(),
             detokenizer: OnceLock::new(),
             created: unix_now(),
+            draining: Default::default(),
         }
     }
 
@@ -294,6 +298,11 @@ pub fn app_routes(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceCo
                         [web::get().to(playground::style_css)],
                     ))
                     .service(endpoint("/health", "GET", [web::get().to(health::health)]))
+                    .service(endpoint(
+                        "/get_load",
+                        "GET",
+                        [web::get().to(health::get_load)],
+                    ))
                     // llama.cpp's server also answers these without (or with) the `/v1`.
                     .service(endpoint(
                         "/v1/health",

@@ -245,8 +245,12 @@ async fn run(args: ServeArgs) -> Result<()> {
         args.model.model
     );
     let stopper = server.handle();
+    let draining = state.clone();
     actix_rt::spawn(async move {
         shutdown_signal().await;
+        draining
+            .draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!("shutting down: in-flight requests get up to 10 s");
         stopper.stop(true).await;
     });

@@ -30,6 +30,7 @@ pub(super) enum Job {
 }
 
 pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: u64) {
+    yield_to_requests();
     // What every job needs: worked out now, before the first turn ends.
     match store.upgrade() {
         Some(s) => {
@@ -39,10 +40,18 @@ pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: 
         }
         None => return,
     }
+    // Fault injection for the tests: a slow disk (`MTPX_TEST_STORE_DELAY_MS` before each job).
+    let delay = std::env::var("MTPX_TEST_STORE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis);
     while let Ok(job) = jobs.recv() {
         let Some(store) = store.upgrade() else {
             return;
         };
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
+        }
         let written = execute_with_room(&store, &job);
         enforce_budget(&store, budget, written.as_ref().map(|(p, _)| p.as_path()));
         // Counted once the directory is back within its budget: whoever waits for a write
@@ -219,4 +228,14 @@ fn enforce_budget(store: &SessionStore, budget: u64, keep: Option<&Path>) {
     let m = &store.metrics;
     m.bytes_on_disk.store(total, Ordering::Relaxed);
     m.files_on_disk.store(sessions, Ordering::Relaxed);
+}
+
+/// Lowers this thread's CPU priority (nice 10): encoding and checksumming a turn's pages must
+/// not take a core from the forward passes on a small machine.
+fn yield_to_requests() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on this thread's id changes only this thread's scheduling priority.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+    }
 }
