@@ -187,15 +187,21 @@ impl Handler<KvBytes> for ModelWorker {
 }
 
 impl Handler<ExportPages> for ModelWorker {
-    type Result = MessageResult<ExportPages>;
-    fn handle(&mut self, msg: ExportPages, _: &mut SyncContext<Self>) -> Self::Result {
-        MessageResult(self.kv.export_pages(&msg.page_ids))
+    type Result = ();
+    fn handle(&mut self, msg: ExportPages, _: &mut SyncContext<Self>) {
+        let _ = msg.reply.send(self.kv.export_pages(&msg.page_ids));
     }
 }
 
 impl Handler<ImportPages> for ModelWorker {
     type Result = ();
     fn handle(&mut self, msg: ImportPages, _: &mut SyncContext<Self>) {
+        let started = Instant::now();
         self.kv.import_pages(&msg.page_ids, &msg.bytes);
+        tracing::debug!(
+            pages = msg.page_ids.len(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "pages imported"
+        );
     }
 }

@@ -176,10 +176,12 @@ impl SessionActor {
         let prompt = msg.prompt.clone();
         let page_size = self.page_size;
         Some(async move {
+            let started = Instant::now();
             let read = store.clone();
             let saved = actix_rt::task::spawn_blocking(move || read.load(&key))
                 .await
                 .ok()??;
+            let read_ms = started.elapsed().as_secs_f64() * 1e3;
             let reuse = common_prefix(&saved.tokens, &prompt).min(limit);
             let num_pages = reuse.div_ceil(page_size);
             if num_pages == 0 {
@@ -198,6 +200,12 @@ impl SessionActor {
             }
             let mut tokens = saved.tokens;
             tokens.truncate(reuse);
+            tracing::debug!(
+                tokens = reuse,
+                read_ms,
+                total_ms = started.elapsed().as_secs_f64() * 1e3,
+                "session restored into pool pages"
+            );
             Some((tokens, pages))
         })
     }
@@ -370,8 +378,8 @@ pub struct EndTurn {
 
 impl Handler<EndTurn> for SessionActor {
     type Result = AtomicResponse<Self, ()>;
-    /// Atomic while the turn's pages are copied out for the store: the next turn cannot
-    /// change them before they are.
+    /// Atomic only in the rare case that the model worker's queue is full: the copy-out of the
+    /// turn's pages for the store must be queued before the next turn can change them.
     fn handle(&mut self, msg: EndTurn, _: &mut Context<Self>) -> Self::Result {
         self.turn_in_progress = false;
         self.last_used = Instant::now();
@@ -383,13 +391,13 @@ impl Handler<EndTurn> for SessionActor {
             });
             self.num_shared = full;
         }
-        let save = if msg.publish {
+        let wait = if msg.publish {
             self.write_behind()
         } else {
             None
         };
-        match save {
-            Some(save) => AtomicResponse::new(Box::pin(save.into_actor(self))),
+        match wait {
+            Some(queued) => AtomicResponse::new(Box::pin(queued.into_actor(self))),
             None => AtomicResponse::new(Box::pin(fut::ready(()))),
         }
     }
@@ -399,7 +407,7 @@ impl SessionActor {
     /// The store's copy of what the finished turn added: its pages from the first one the file
     /// does not hold as they are (all of them when the file is missing, or mostly pages that
     /// later segments replaced), copied out by the model worker and handed to the store's
-    /// writer.
+    /// writer. Returns a future to wait for only when the copy could not be queued at once.
     fn write_behind(&mut self) -> Option<impl std::future::Future<Output = ()>> {
         let disk = self.disk.as_mut()?;
         let len = self.tokens.len();
@@ -413,17 +421,36 @@ impl SessionActor {
             Some(file) if file <= 2 * live_bytes + (1 << 20) => disk.len / self.page_size,
             _ => 0,
         };
-        let export = disk.store.mover.export.send(ExportPages {
+        let (reply, copied) = tokio::sync::oneshot::channel();
+        let export = ExportPages {
             page_ids: self.table.page_ids()[first_page..num_pages].to_vec(),
-        });
-        let (store, key, history) = (disk.store.clone(), disk.key.clone(), self.tokens.clone());
+            reply,
+        };
+        let (ticket, key, history) = (disk.store.reserve(), disk.key.clone(), self.tokens.clone());
         disk.len = len;
-        Some(async move {
-            match export.await {
-                Ok(pages) => store.save(&key, first_page, history, pages),
-                Err(e) => tracing::warn!("session store: copying pages out failed: {e}"),
+        let save = async move {
+            match copied.await {
+                Ok(pages) => ticket.save(&key, first_page, history, pages),
+                Err(_) => tracing::warn!("session store: the model worker did not copy the pages"),
             }
-        })
+        };
+        match disk.store.mover.export.try_send(export) {
+            Ok(()) => {
+                actix_rt::spawn(save);
+                None
+            }
+            Err(SendError::Full(export)) => {
+                let queued = disk.store.mover.export.send(export);
+                Some(async move {
+                    let _ = queued.await;
+                    save.await;
+                })
+            }
+            Err(SendError::Closed(_)) => {
+                disk.len = 0;
+                None
+            }
+        }
     }
 }
 

@@ -30,11 +30,14 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 use writer::Job;
 
-/// The bytes of whole pages as the K/V storage holds them (the model worker answers).
+/// The bytes of whole pages as the K/V storage holds them, sent to `reply` (the model worker
+/// answers). Sent with `try_send`, it is in the worker's queue before the session handles its
+/// next message, so no later forward can change the pages before they are copied.
 #[derive(Message)]
-#[rtype(result = "Vec<u8>")]
+#[rtype(result = "()")]
 pub struct ExportPages {
     pub page_ids: Vec<PageId>,
+    pub reply: tokio::sync::oneshot::Sender<Vec<u8>>,
 }
 
 /// Writes pages read back from the store into pool pages the caller holds and no sequence
@@ -237,15 +240,13 @@ impl SessionStore {
         })
     }
 
-    /// Queues a finished turn's pages for writing: pages `first_page..` of `history`'s; with
-    /// `first_page == 0` the file is written anew (atomically), otherwise they are appended.
-    pub fn save(&self, key: &SessionKey, first_page: usize, history: Vec<u32>, pages: Vec<u8>) {
-        self.send(Job::Session {
-            key: key.clone(),
-            first_page,
-            history,
-            pages,
-        });
+    /// A place in the writer's queue for a write whose pages are still being copied out:
+    /// [`SessionStore::flush`] waits for it too.
+    pub fn reserve(self: &Arc<Self>) -> SaveTicket {
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        SaveTicket {
+            store: Some(self.clone()),
+        }
     }
 
     /// Queues a stored response's JSON for writing.
@@ -276,6 +277,10 @@ impl SessionStore {
 
     fn send(&self, job: Job) {
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.send_reserved(job);
+    }
+
+    fn send_reserved(&self, job: Job) {
         let sent = self
             .jobs
             .lock()
@@ -302,6 +307,34 @@ impl SessionStore {
                 .drained
                 .wait(pending)
                 .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// A reserved write ([`SessionStore::reserve`]); dropped unused, it gives its place back.
+pub struct SaveTicket {
+    store: Option<Arc<SessionStore>>,
+}
+
+impl SaveTicket {
+    /// Queues a finished turn's pages for writing: pages `first_page..` of `history`'s; with
+    /// `first_page == 0` the file is written anew (atomically), otherwise they are appended.
+    pub fn save(mut self, key: &SessionKey, first_page: usize, history: Vec<u32>, pages: Vec<u8>) {
+        if let Some(store) = self.store.take() {
+            store.send_reserved(Job::Session {
+                key: key.clone(),
+                first_page,
+                history,
+                pages,
+            });
+        }
+    }
+}
+
+impl Drop for SaveTicket {
+    fn drop(&mut self) {
+        if let Some(store) = self.store.take() {
+            store.job_done();
         }
     }
 }
