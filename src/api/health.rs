@@ -32,6 +32,10 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// Load, for routers that balance on it: requests running and waiting in the scheduler.
+#[utoipa::path(get, path = "/get_load", responses(
+    (status = 200, description = "`{\"load\": N}`: requests running and waiting", body = serde_json::Value),
+    (status = 503, description = "Loading", body = serde_json::Value),
+))]
 pub async fn get_load(state: web::Data<AppState>) -> HttpResponse {
     match state.engine() {
         Ok(engine) => {

@@ -36,6 +36,7 @@ use utoipa::{Modify, OpenApi};
         ws::responses_socket,
         stats::stats,
         health::health,
+        health::get_load,
         metrics::metrics,
         ollama::chat,
         ollama::generate,

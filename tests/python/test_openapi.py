@@ -32,6 +32,7 @@ def test_openapi_document_is_valid_and_complete(server_url):
         ("POST", "/tokenize"),
         ("POST", "/detokenize"),
         ("GET", "/health"),
+        ("GET", "/get_load"),
         ("GET", "/metrics"),
         ("POST", "/api/chat"),
         ("POST", "/api/generate"),
