@@ -81,6 +81,48 @@ async fn restored_pages_give_exactly_the_logits_of_the_pages_before_the_restart(
     }
 }
 
+#[actix_rt::test]
+async fn a_session_expired_from_memory_resumes_from_disk_and_leaks_no_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_test_model(&dir.path().join("m"), &TestModelSpec::default()).unwrap();
+    let cfg = EngineConfig {
+        kv_memory: KvMemory::Bytes(64 << 20),
+        session_store: Some(store_config(&dir.path().join("sessions"), 1 << 30)),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(ModelBundle::load(&model).unwrap(), cfg).unwrap();
+    let turn = |tokens: Vec<u32>| {
+        let mut req = greedy_with_logprobs(tokens, 8);
+        req.session = Some(SessionKey {
+            scope: "default".into(),
+            session_id: "evicted".into(),
+        });
+        req
+    };
+    let prompt1 = token_ids(3, 500);
+    let first = drain(engine.submit(turn(prompt1.clone())).await.unwrap()).await;
+    engine.persist_sessions().await;
+    // What the TTL, the LRU and pool pressure do: the session leaves memory, pages and all.
+    engine.clear_caches().await;
+    assert_eq!(engine.pool_stats().await.num_used, 0);
+    let mut prompt2 = prompt1.clone();
+    prompt2.extend(&first.token_ids);
+    prompt2.extend(token_ids(4, 20));
+    let second = drain(engine.submit(turn(prompt2)).await.unwrap()).await;
+    assert!(second.error.is_none(), "{:?}", second.error);
+    assert!(
+        second.cached_tokens >= prompt1.len(),
+        "resumed from disk: {} cached",
+        second.cached_tokens
+    );
+    engine.clear_caches().await;
+    assert_eq!(
+        engine.pool_stats().await.num_used,
+        0,
+        "restored pages go back"
+    );
+}
+
 /// An `mtpx serve` process; killed with SIGKILL when dropped.
 struct Server {
     child: Child,
