@@ -229,7 +229,8 @@ fn read_segment(r: &mut Reader, out: &mut Decoded, page_size: usize, page_bytes:
     if !continues {
         return false;
     }
-    let mut pages = Vec::with_capacity(num_pages * page_bytes);
+    // Every page is checked before any is kept: the pages are copied once, into `out`.
+    let mut pages = Vec::with_capacity(num_pages);
     for _ in 0..num_pages {
         let (Some(page), Some(crc)) = (r.take(page_bytes), r.u32()) else {
             return false;
@@ -237,7 +238,7 @@ fn read_segment(r: &mut Reader, out: &mut Decoded, page_size: usize, page_bytes:
         if crc32fast::hash(page) != crc {
             return false;
         }
-        pages.extend_from_slice(page);
+        pages.push(page);
     }
     out.tokens.truncate(from);
     out.tokens.extend(
@@ -246,7 +247,10 @@ fn read_segment(r: &mut Reader, out: &mut Decoded, page_size: usize, page_bytes:
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))),
     );
     out.pages.truncate(first_page * page_bytes);
-    out.pages.extend_from_slice(&pages);
+    out.pages.reserve(num_pages * page_bytes);
+    pages
+        .iter()
+        .for_each(|page| out.pages.extend_from_slice(page));
     true
 }
 
