@@ -259,16 +259,13 @@ impl ResponseStore {
         let on_disk = self
             .disk
             .get()
-            .filter(|d| d.load_response(scope, id).is_some());
-        if let Some(disk) = on_disk {
-            disk.remove_response(scope, id);
-        }
+            .is_some_and(|d| d.remove_response(scope, id));
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.get(id).is_some_and(|e| e.scope == scope) {
             entries.remove(id);
             return true;
         }
-        on_disk.is_some()
+        on_disk
     }
 
     pub fn len(&self) -> usize {

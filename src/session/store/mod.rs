@@ -257,22 +257,28 @@ impl SessionStore {
         });
     }
 
-    pub fn remove_response(&self, scope: &str, id: &str) {
-        self.send(Job::Remove {
-            path: self.response_path(scope, id),
-        });
+    /// Queues the removal of a stored response's file; whether there was one within the TTL.
+    pub fn remove_response(&self, scope: &str, id: &str) -> bool {
+        let Some(path) = self.fresh_response(scope, id) else {
+            return false;
+        };
+        self.send(Job::Remove { path });
+        true
     }
 
     /// A stored response's JSON, if it was written within the TTL.
     pub fn load_response(&self, scope: &str, id: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.fresh_response(scope, id)?).ok()
+    }
+
+    /// The path of a stored response written within the TTL.
+    fn fresh_response(&self, scope: &str, id: &str) -> Option<PathBuf> {
         let path = self.response_path(scope, id);
         let age = std::fs::metadata(&path)
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| SystemTime::now().duration_since(t).ok())?;
-        (age < self.response_ttl)
-            .then(|| std::fs::read(&path).ok())
-            .flatten()
+        (age < self.response_ttl).then_some(path)
     }
 
     fn send(&self, job: Job) {
