@@ -629,3 +629,98 @@ async fn sigterm_mid_turn_drains_the_turn_to_disk_and_health_reports_it() {
         "the drained turn was written before the exit: {body}"
     );
 }
+
+impl Server {
+    async fn writes(&self) -> f64 {
+        self.metric("mtpx_session_store_writes_total").await
+    }
+
+    /// A greedy Responses turn continuing `prev` (when given); its input is `long_text` of
+    /// `turn`.
+    async fn respond(&self, prev: &Option<Value>, turn: u64) -> Option<Value> {
+        let mut body = json!({"model": "test-model", "input": long_text(10 + turn, 60),
+                              "max_output_tokens": 8, "temperature": 0,
+                              "logit_bias": banned_specials()});
+        if let Some(prev) = prev {
+            body["previous_response_id"] = prev["id"].clone();
+        }
+        let (status, resp) = self.post("/v1/responses", &[], body).await;
+        assert_eq!(status, 200, "turn {turn}: {resp}");
+        Some(resp)
+    }
+}
+
+/// The text a Responses turn wrote.
+fn output_text(resp: &Value) -> String {
+    resp["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|part| part["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Replicas sharing one session directory behind a router whose stickiness failed: turns of
+/// a Responses chain and of a chat session land on another replica each time. Every turn
+/// resolves (a stored response is on disk before its client sees it end, even when the next
+/// turn is sent at once), gives the output of one server that saw the whole conversation, and
+/// resumes another replica's pages once they are written.
+#[actix_rt::test]
+async fn replicas_sharing_the_directory_continue_each_others_chains_and_sessions() {
+    let fx = Fixture::new();
+    let reference = fx.serve("reference", &["--no-session-store"]).await;
+    // A slow disk: pages reach it 100 ms after their turn ends.
+    let slow = [("MTPX_TEST_STORE_DELAY_MS", "100")];
+    let [a, b, c] = [
+        fx.serve_with_env("a", &[], &slow).await,
+        fx.serve_with_env("b", &[], &slow).await,
+        fx.serve_with_env("c", &[], &slow).await,
+    ];
+    let mut unbroken = None;
+    let mut expected = Vec::new();
+    for turn in 0..4 {
+        unbroken = reference.respond(&unbroken, turn).await;
+        expected.push(output_text(unbroken.as_ref().unwrap()));
+    }
+    // Turn 1 is sent to b the moment a answered turn 0.
+    let (a0, b0) = (a.writes().await, b.writes().await);
+    let t0 = a.respond(&None, 0).await;
+    let t1 = b.respond(&t0, 1).await;
+    // Turn 2 goes to c once a's and b's pages are written (two writes each: the stored
+    // response and the conversation's pages).
+    a.await_writes(a0 + 2.0).await;
+    b.await_writes(b0 + 2.0).await;
+    let t2 = c.respond(&t1, 2).await;
+    let t2_body = t2.as_ref().unwrap();
+    let t2_cached = t2_body["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        t2_cached > 0,
+        "c resumed the pages a and b wrote: {t2_body}"
+    );
+    // Turn 3 back on a, whose memory holds turn 0 only.
+    let t3 = a.respond(&t2, 3).await;
+    let got: Vec<String> = [t0, t1, t2, t3].iter().flatten().map(output_text).collect();
+    assert_eq!(
+        got, expected,
+        "each turn as on one server that saw them all"
+    );
+
+    // A chat session: turn 0 on a, turn 1 on b (from a's file), turn 2 on a again, whose
+    // memory holds turn 0 only.
+    let mut conversation = vec![user(&long_text(20, 200))];
+    for (turn, server) in [&a, &b, &a].into_iter().enumerate() {
+        let before = server.writes().await;
+        let got = server.chat("shared-agent", None, &conversation).await;
+        let unbroken = reference.chat("shared-agent", None, &conversation).await;
+        assert_eq!(got["choices"], unbroken["choices"], "chat turn {turn}");
+        if turn == 1 {
+            assert!(cached(&got) > 0, "b resumed a's pages: {got}");
+        }
+        server.await_writes(before + 1.0).await;
+        conversation.push(reply_of(&got));
+        conversation.push(user(&long_text(30 + turn as u64, 40)));
+    }
+}

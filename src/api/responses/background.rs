@@ -81,7 +81,8 @@ pub fn start(
     streamed: bool,
 ) -> (ResponseObject, Option<Arc<EventLog>>) {
     let created = job.created();
-    state.responses.insert(
+    // On disk before the run stores its end over it (the run waits for it).
+    let created_on_disk = state.responses.insert(
         &job.scope,
         &job.conversation_id,
         ItemChain::default(),
@@ -105,6 +106,7 @@ pub fn start(
     let task_log = log.clone();
     actix_rt::spawn(async move {
         let _end = task_log.clone().map(EndOnDrop);
+        created_on_disk.await;
         let stop = async move {
             // A dropped sender is no request to stop.
             if stopped.await.is_err() {

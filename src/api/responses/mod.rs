@@ -459,13 +459,16 @@ pub async fn run(
     if job.store && (!failed || job.template.background) {
         let mut messages = job.history;
         messages.push(assistant_message(&response, &job.namespaces));
-        state.responses.insert(
-            &job.scope,
-            &job.conversation_id,
-            ItemChain::extending(job.earlier_messages, messages),
-            job.input_items,
-            response.clone(),
-        );
+        state
+            .responses
+            .insert(
+                &job.scope,
+                &job.conversation_id,
+                ItemChain::extending(job.earlier_messages, messages),
+                job.input_items,
+                response.clone(),
+            )
+            .await;
     }
     for e in events {
         if !emit(e) {

@@ -151,8 +151,10 @@ impl ResponseStore {
         self
     }
 
-    /// Stores `response` under its id. An entry it replaces (a background response's, as
-    /// created, replaced by its end) passes on its event log.
+    /// Stores `response` under its id, in memory at once; the returned future resolves once it
+    /// is on disk too (at once without a session store). An entry it replaces (a background
+    /// response's, as created, replaced by its end) passes on its event log.
+    #[must_use = "await it before the client may continue the response on another replica"]
     pub fn insert(
         &self,
         scope: &str,
@@ -160,8 +162,8 @@ impl ResponseStore {
         messages: ItemChain,
         input_items: ItemChain,
         response: ResponseObject,
-    ) {
-        if let Some(disk) = self.disk.get() {
+    ) -> impl std::future::Future<Output = ()> + 'static {
+        let persisted = self.disk.get().and_then(|disk| {
             let on_disk = OnDisk {
                 scope: scope.to_string(),
                 conversation_id: conversation_id.to_string(),
@@ -170,10 +172,13 @@ impl ResponseStore {
                 response: response.clone(),
             };
             match serde_json::to_vec(&on_disk) {
-                Ok(json) => disk.save_response(scope, &response.id, json),
-                Err(e) => tracing::warn!("a stored response could not be written: {e}"),
+                Ok(json) => Some(disk.save_response(scope, &response.id, json)),
+                Err(e) => {
+                    tracing::warn!("a stored response could not be written: {e}");
+                    None
+                }
             }
-        }
+        });
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let (events, events_dropped) = entries
             .get(&response.id)
@@ -204,6 +209,11 @@ impl ResponseStore {
             },
         );
         drop_oldest_event_logs(&mut entries, self.event_log_budget);
+        async move {
+            if let Some(persisted) = persisted {
+                persisted.await;
+            }
+        }
     }
 
     /// The response `id` if it exists, has not expired and belongs to `scope`.
@@ -380,7 +390,7 @@ mod tests {
 
     fn put(store: &ResponseStore, id: &str) {
         let empty = ItemChain::default;
-        store.insert("k", "c", empty(), empty(), stored(id));
+        let _in_memory_at_once = store.insert("k", "c", empty(), empty(), stored(id));
     }
 
     #[test]

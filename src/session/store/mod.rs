@@ -249,21 +249,49 @@ impl SessionStore {
         }
     }
 
-    /// Queues a stored response's JSON for writing.
-    pub fn save_response(&self, scope: &str, id: &str, json: Vec<u8>) {
-        self.send(Job::Write {
-            path: self.response_path(scope, id),
-            bytes: json,
-        });
+    /// Writes a stored response's JSON (atomically, synced) on a blocking thread; resolves once
+    /// it is on disk, so a client may continue the response on any replica sharing the
+    /// directory the moment it sees it end. A failed write costs a warning: the response is
+    /// still kept in this process's memory.
+    pub fn save_response(
+        self: &Arc<Self>,
+        scope: &str,
+        id: &str,
+        json: Vec<u8>,
+    ) -> impl std::future::Future<Output = ()> + 'static {
+        let (store, path) = (self.clone(), self.response_path(scope, id));
+        async move {
+            let written = actix_rt::task::spawn_blocking(move || {
+                let bytes = json.len() as u64;
+                let result = writer::write_atomically(&path, &json);
+                let m = &store.metrics;
+                match &result {
+                    Ok(()) => {
+                        m.writes.fetch_add(1, Ordering::Relaxed);
+                        m.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        m.write_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                result
+            })
+            .await;
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("a stored response could not be written: {e}"),
+                Err(e) => tracing::warn!("a stored response could not be written: {e}"),
+            }
+        }
     }
 
-    /// Queues the removal of a stored response's file; whether there was one within the TTL.
+    /// Removes a stored response's file at once (every replica sharing the directory stops
+    /// finding it); whether there was one within the TTL.
     pub fn remove_response(&self, scope: &str, id: &str) -> bool {
         let Some(path) = self.fresh_response(scope, id) else {
             return false;
         };
-        self.send(Job::Remove { path });
-        true
+        std::fs::remove_file(path).is_ok()
     }
 
     /// A stored response's JSON, if it was written within the TTL.
@@ -279,11 +307,6 @@ impl SessionStore {
             .ok()
             .and_then(|t| SystemTime::now().duration_since(t).ok())?;
         (age < self.response_ttl).then_some(path)
-    }
-
-    fn send(&self, job: Job) {
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        self.send_reserved(job);
     }
 
     fn send_reserved(&self, job: Job) {

@@ -20,13 +20,6 @@ pub(super) enum Job {
         history: Vec<u32>,
         pages: Vec<u8>,
     },
-    Write {
-        path: PathBuf,
-        bytes: Vec<u8>,
-    },
-    Remove {
-        path: PathBuf,
-    },
 }
 
 pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: u64) {
@@ -133,14 +126,6 @@ fn execute(store: &SessionStore, job: &Job) -> std::io::Result<Option<(PathBuf, 
             file.write_all(&segment)?;
             file.sync_data()?;
             Ok(Some((path, segment.len() as u64)))
-        }
-        Job::Write { path, bytes } => {
-            write_atomically(path, bytes)?;
-            Ok(Some((path.clone(), bytes.len() as u64)))
-        }
-        Job::Remove { path } => {
-            remove(store, path);
-            Ok(None)
         }
     }
 }
