@@ -113,6 +113,11 @@ async fn hanging_up_on_a_non_streaming_request_cancels_it() {
     }
     s.engine().clear_caches().await;
     assert_eq!(s.engine().pool_stats().await.num_used, 0, "no page leaks");
+    assert_eq!(
+        s.engine().stream_decoders().await,
+        0,
+        "no decoder left behind by a client that hung up"
+    );
     // The server still answers.
     let ok = post(
         &s.at("/v1/chat/completions"),

@@ -163,7 +163,7 @@ fn write_simd_info(out: &mut String) {
 /// The session store's gauges and counters (`--session-dir`).
 fn write_store(out: &mut String, m: &crate::session::store::StoreMetrics) {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let rows: [(&str, &str, &str, u64); 11] = [
+    let rows: [(&str, &str, &str, u64); 12] = [
         (
             "mtpx_session_store_bytes",
             "Bytes of session and response files on disk.",
@@ -229,6 +229,12 @@ fn write_store(out: &mut String, m: &crate::session::store::StoreMetrics) {
             "Files removed for the disk budget or a full disk.",
             "counter",
             load(&m.evicted_files),
+        ),
+        (
+            "mtpx_session_store_dropped_writes_total",
+            "Finished turns not written because the writer was too far behind.",
+            "counter",
+            load(&m.dropped_writes),
         ),
     ];
     for (name, help, kind, value) in rows {

@@ -643,6 +643,14 @@ impl Engine {
         self.registry.send(ListSessions).await.unwrap_or_default()
     }
 
+    /// How many streams' incremental decoders the tokenizer holds (0 once every stream ended).
+    pub async fn stream_decoders(&self) -> usize {
+        self.tokenizer
+            .send(crate::tokenizer::actor::CountStreamDecoders)
+            .await
+            .unwrap_or_default()
+    }
+
     pub async fn pool_stats(&self) -> PoolSnapshot {
         self.pool.send(GetPoolStats).await.unwrap_or_default()
     }

@@ -79,6 +79,8 @@ impl StreamTask {
         let mut held_tokens: Vec<HeldToken> = Vec::new();
         let mut num_generated = 0usize;
         let mut first_token_at = None;
+        // Whether the tokenizer was told the stream ended (it then forgets its decoder).
+        let mut decoder_forgotten = false;
         loop {
             // A client that drops its stream while nothing is sent (in the queue, during the
             // prefill) cancels as surely as one that drops it between tokens.
@@ -130,6 +132,7 @@ impl StreamTask {
                         self.from_scheduler.close();
                         let _ = (&mut self.turn_end).await;
                         self.detokenize(Vec::new(), true).await;
+                        decoder_forgotten = true;
                         log_finished(self.stream_id, FinishReason::Stop, &usage);
                         let _ = self.to_client.send(EngineEvent::Finished {
                             reason: FinishReason::Stop,
@@ -158,6 +161,7 @@ impl StreamTask {
                 SeqEvent::Finished { reason, mut usage } => {
                     usage.max_tokens_cut = self.max_tokens_cut;
                     held.push_str(&self.detokenize(Vec::new(), true).await);
+                    decoder_forgotten = true;
                     let (emit, stop_string) = self.split_at_stop(&mut held, true);
                     let stopped = stop_string.is_some();
                     let tokens = release(&mut held_tokens, emit.len(), held.len(), stopped);
@@ -175,10 +179,20 @@ impl StreamTask {
                 }
                 SeqEvent::Error(e) => {
                     self.detokenize(Vec::new(), true).await;
+                    decoder_forgotten = true;
                     let _ = self.to_client.send(EngineEvent::Error(e));
                     break;
                 }
             }
+        }
+        // A client that left mid-stream: its decoder must not stay behind (a long-running
+        // server sees thousands of dropped streams).
+        if !decoder_forgotten {
+            self.tokenizer.do_send(Detokenize {
+                stream_id: self.stream_id,
+                token_ids: Vec::new(),
+                finish: true,
+            });
         }
     }
 

@@ -418,6 +418,7 @@ impl SessionActor {
         let page_bytes = disk.store.layout().page_bytes as u64;
         let live_bytes = num_pages as u64 * (page_bytes + 4);
         let first_page = match disk.store.file_len(&disk.key) {
+            _ if disk.store.take_needs_rewrite(&disk.key) => 0,
             Some(file) if file <= 2 * live_bytes + (1 << 20) => disk.len / self.page_size,
             _ => 0,
         };

@@ -155,6 +155,18 @@ pub struct Detokenize {
     pub finish: bool,
 }
 
+/// How many streams' decoders are held (each forgotten when its stream ends, however it ends).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CountStreamDecoders;
+
+impl Handler<CountStreamDecoders> for TokenizerActor {
+    type Result = usize;
+    fn handle(&mut self, _: CountStreamDecoders, _: &mut SyncContext<Self>) -> usize {
+        self.streams.len()
+    }
+}
+
 impl Handler<Detokenize> for TokenizerActor {
     type Result = String;
     fn handle(&mut self, msg: Detokenize, _: &mut SyncContext<Self>) -> String {

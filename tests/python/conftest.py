@@ -62,11 +62,12 @@ def test_model(tmp_path_factory) -> Path:
     return out / "test-model.gguf"
 
 
-def start_server(model: Path, log: Path, *extra: str):
-    port = free_port()
+def start_server(model: Path, log: Path, *extra: str, port: int | None = None):
+    port = port or free_port()
     args = [
         MTPX_BIN, "serve", "--model", str(model), "--port", str(port),
-        "--context-window", str(WINDOW), "--kv-memory", "64MiB", "--kv-dtype", "f32",
+        "--context-window", str(WINDOW), "--kv-dtype", "f32",
+        *([] if "--kv-memory" in extra else ["--kv-memory", "64MiB"]),
         # Each server its own session store: one run's sessions must not resume in the next.
         *([] if "--session-dir" in extra else ["--session-dir", tempfile.mkdtemp(prefix="mtpx-sessions-")]),
         *extra,

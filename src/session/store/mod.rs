@@ -80,7 +80,14 @@ pub struct StoreMetrics {
     pub torn_files: AtomicU64,
     pub foreign_files: AtomicU64,
     pub evicted_files: AtomicU64,
+    /// Turns not written because the writer was too far behind ([`MAX_QUEUED_BYTES`]).
+    pub dropped_writes: AtomicU64,
 }
+
+/// Bytes of copied pages that may wait for the writer. Past it a finished turn is not written
+/// (counted in `dropped_writes`; the session's next write rewrites its file): a disk slower
+/// than the traffic costs persistence, never memory without bound.
+pub const MAX_QUEUED_BYTES: u64 = 256 << 20;
 
 /// A session read back and checked: its history and its pages, back to back.
 #[derive(Debug)]
@@ -104,6 +111,12 @@ pub struct SessionStore {
     jobs: Mutex<mpsc::Sender<Job>>,
     pending: Mutex<usize>,
     drained: Condvar,
+    /// Bytes of pages queued for the writer.
+    queued_bytes: AtomicU64,
+    /// Bytes written since the writer last listed the directory (responses included).
+    unscanned_bytes: AtomicU64,
+    /// Sessions whose last turn was dropped: their next write rewrites the file.
+    needs_rewrite: Mutex<std::collections::HashSet<SessionKey>>,
     pub metrics: StoreMetrics,
 }
 
@@ -128,6 +141,9 @@ impl SessionStore {
             jobs: Mutex::new(tx),
             pending: Mutex::new(0),
             drained: Condvar::new(),
+            queued_bytes: AtomicU64::new(0),
+            unscanned_bytes: AtomicU64::new(0),
+            needs_rewrite: Mutex::new(Default::default()),
             metrics: StoreMetrics::default(),
         });
         let weak = Arc::downgrade(&store);
@@ -240,6 +256,15 @@ impl SessionStore {
         })
     }
 
+    /// Whether `key`'s file must be written whole (a turn of it was dropped, so appending would
+    /// leave a gap); asking clears it.
+    pub fn take_needs_rewrite(&self, key: &SessionKey) -> bool {
+        self.needs_rewrite
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+
     /// A place in the writer's queue for a write whose pages are still being copied out:
     /// [`SessionStore::flush`] waits for it too.
     pub fn reserve(self: &Arc<Self>) -> SaveTicket {
@@ -269,6 +294,7 @@ impl SessionStore {
                     Ok(()) => {
                         m.writes.fetch_add(1, Ordering::Relaxed);
                         m.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+                        store.unscanned_bytes.fetch_add(bytes, Ordering::Relaxed);
                     }
                     Err(_) => {
                         m.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -350,6 +376,23 @@ impl SaveTicket {
     /// `first_page == 0` the file is written anew (atomically), otherwise they are appended.
     pub fn save(mut self, key: &SessionKey, first_page: usize, history: Vec<u32>, pages: Vec<u8>) {
         if let Some(store) = self.store.take() {
+            let bytes = pages.len() as u64;
+            let queued = store.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+            if queued + bytes > MAX_QUEUED_BYTES {
+                store.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                store.metrics.dropped_writes.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    queued_mib = queued >> 20,
+                    "session store: the writer is behind; this turn is not written"
+                );
+                store
+                    .needs_rewrite
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone());
+                store.job_done();
+                return;
+            }
             store.send_reserved(Job::Session {
                 key: key.clone(),
                 first_page,

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Weak};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 pub(super) enum Job {
     /// A finished turn: pages `first_page..` of `history` (all of it when `first_page == 0`:
@@ -22,17 +22,23 @@ pub(super) enum Job {
     },
 }
 
+/// How often the writer lists the directory even while within budget: replicas sharing it
+/// write too, and the listing costs a `stat` per file (tens of ms at thousands of files), so
+/// it cannot run per write.
+const RESCAN_EVERY: Duration = Duration::from_secs(30);
+
 pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: u64) {
     yield_to_requests();
     // What every job needs: worked out now, before the first turn ends.
-    match store.upgrade() {
+    let mut scanned = match store.upgrade() {
         Some(s) => {
             s.fingerprint();
             s.layout();
-            enforce_budget(&s, budget, None);
+            enforce_budget(&s, budget, None)
         }
         None => return,
-    }
+    };
+    let mut scanned_at = Instant::now();
     // Fault injection for the tests: a slow disk (`MTPX_TEST_STORE_DELAY_MS` before each job).
     let delay = std::env::var("MTPX_TEST_STORE_DELAY_MS")
         .ok()
@@ -46,7 +52,28 @@ pub(super) fn run(store: Weak<SessionStore>, jobs: mpsc::Receiver<Job>, budget: 
             std::thread::sleep(delay);
         }
         let written = execute_with_room(&store, &job);
-        enforce_budget(&store, budget, written.as_ref().map(|(p, _)| p.as_path()));
+        let Job::Session { pages, .. } = &job;
+        store
+            .queued_bytes
+            .fetch_sub(pages.len() as u64, Ordering::Relaxed);
+        drop(job);
+        // The directory is listed again when what was written since may have crossed the
+        // budget, or now and then; otherwise its size is what the last listing found plus what
+        // was written since (an overestimate: rewrites replace files).
+        let just_written = written.as_ref().map_or(0, |(_, b)| *b);
+        let unscanned = store
+            .unscanned_bytes
+            .fetch_add(just_written, Ordering::Relaxed)
+            + just_written;
+        if scanned + unscanned > budget || scanned_at.elapsed() >= RESCAN_EVERY {
+            store.unscanned_bytes.store(0, Ordering::Relaxed);
+            scanned = enforce_budget(&store, budget, written.as_ref().map(|(p, _)| p.as_path()));
+            scanned_at = Instant::now();
+        } else {
+            let m = &store.metrics;
+            m.bytes_on_disk
+                .store(scanned + unscanned, Ordering::Relaxed);
+        }
         // Counted once the directory is back within its budget: whoever waits for a write
         // finds the store settled.
         if let Some((_, bytes)) = written {
@@ -193,8 +220,8 @@ fn inventory(dir: &Path) -> Vec<StoredFile> {
 }
 
 /// Evicts the oldest files until the directory fits `budget` (never `keep`, the file just
-/// written), and publishes what is on disk.
-fn enforce_budget(store: &SessionStore, budget: u64, keep: Option<&Path>) {
+/// written), and publishes what is on disk; returns its bytes.
+fn enforce_budget(store: &SessionStore, budget: u64, keep: Option<&Path>) -> u64 {
     let files = inventory(store.dir());
     let mut total: u64 = files.iter().map(|f| f.bytes).sum();
     let mut sessions = files.iter().filter(|f| f.is_session).count() as u64;
@@ -213,6 +240,7 @@ fn enforce_budget(store: &SessionStore, budget: u64, keep: Option<&Path>) {
     let m = &store.metrics;
     m.bytes_on_disk.store(total, Ordering::Relaxed);
     m.files_on_disk.store(sessions, Ordering::Relaxed);
+    total
 }
 
 /// Lowers this thread's CPU priority (nice 10): encoding and checksumming a turn's pages must
