@@ -958,3 +958,58 @@ async fn the_mtp_cost_is_measured_at_start_up() {
     let out = run(&adaptive, greedy_tokens(token_ids(2, 5).repeat(6), 24)).await;
     assert!(out.error.is_none(), "{:?}", out.error);
 }
+
+/// A session that expires (its TTL, here 100 ms) takes its drafters' K/V along: a server that
+/// sees thousands of sessions come and go must not keep their draft pages until the draft pool
+/// runs out. Both drafters that keep K/V per session: a draft model and MTP heads.
+#[actix_rt::test]
+async fn an_expired_sessions_drafter_kv_goes_with_it() {
+    let ttl = std::time::Duration::from_millis(100);
+    let with_ttl = |spec| EngineConfig {
+        session_ttl: ttl,
+        ..cfg(spec)
+    };
+    let engines = [
+        start_engine_with_draft(
+            &TestModelSpec::default(),
+            &close_draft(),
+            with_ttl(draft(Some(3))),
+        ),
+        start_engine(
+            &TestModelSpec {
+                mtp_depth: 1,
+                ..TestModelSpec::default()
+            },
+            with_ttl(mtp(Some(1))),
+        ),
+    ];
+    for t in &engines {
+        for i in 0..4u64 {
+            let mut req = greedy_tokens(prompts()[i as usize].clone(), 24);
+            req.session = Some(SessionKey {
+                scope: String::new(),
+                session_id: format!("expiring-{i}"),
+            });
+            drain(t.engine.submit(req).await.unwrap()).await;
+        }
+        let draft_pages = || async {
+            match t.engine.draft_pool_stats().await {
+                Some(d) => d.num_used,
+                None => t.engine.mtp_pool_stats().await.unwrap().num_used,
+            }
+        };
+        assert!(
+            draft_pages().await > 0,
+            "sessions keep draft K/V between turns"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !t.engine.sessions().await.is_empty() || draft_pages().await > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} draft pages held after every session expired",
+                draft_pages().await
+            );
+            actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -25,8 +25,8 @@ use crate::scheduler::{
 };
 use crate::session::registry::{ExpireAll, GetOrCreate, ListSessions};
 use crate::session::{
-    BeginTurn, EndTurn, History, ReleaseAll, SessionActor, SessionInfo, SessionRegistry,
-    SessionStore,
+    BeginTurn, EndTurn, History, ReleaseAll, SessionActor, SessionInfo, SessionLeftMemory,
+    SessionRegistry, SessionStore,
 };
 use crate::spec::cost::{measure_mtp_step, measure_row_cost, measure_step, DraftModelCosts};
 use crate::spec::draft_model::{check_same_vocabulary, DraftWorker};
@@ -325,8 +325,12 @@ impl Engine {
         let tokenizer = TokenizerActor::start(text_tokenizer.clone(), template.clone());
         let encoders = TokenizerActor::start_encoders(ENCODER_THREADS, text_tokenizer, template);
         let pool = PagePoolActor::new(num_pages, cfg.page_size).start();
+        let mut drafters: Vec<Recipient<SessionLeftMemory>> = Vec::new();
+        drafters.extend(draft.clone().map(|d| d.recipient()));
+        drafters.extend(mtp.clone().map(|m| m.recipient()));
         let registry = SessionRegistry::new(pool.clone(), cfg.page_size, cfg.session_ttl)
             .with_store(store.clone())
+            .with_drafters(drafters)
             .start();
         let scheduler = SchedulerActor::new(SchedulerParts {
             cfg: SchedulerConfig {
@@ -567,7 +571,7 @@ impl Engine {
         };
         let (mut session, mut ephemeral, mut draft_key) = match req.session {
             Some(key) => {
-                let draft_key = format!("session/{}/{}", key.scope, key.session_id);
+                let draft_key = key.draft_key();
                 let session = self.registry.send(GetOrCreate { key }).await?;
                 (session, false, draft_key)
             }

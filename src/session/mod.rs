@@ -9,5 +9,5 @@ pub use actor::{
     BeginTurn, EndTurn, Flush, Grow, Grown, History, ReleaseAll, SessionActor, SessionInfo,
     Truncate, TurnStart,
 };
-pub use registry::{SessionKey, SessionRegistry};
+pub use registry::{SessionKey, SessionLeftMemory, SessionRegistry};
 pub use store::SessionStore;

@@ -17,6 +17,21 @@ pub struct SessionKey {
     pub session_id: String,
 }
 
+impl SessionKey {
+    /// The key drafters keep this session's K/V under.
+    pub fn draft_key(&self) -> String {
+        format!("session/{}/{}", self.scope, self.session_id)
+    }
+}
+
+/// A session expired or was evicted from memory: whoever keeps state for it (the drafters'
+/// K/V) lets it go.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SessionLeftMemory {
+    pub draft_key: String,
+}
+
 struct Entry {
     addr: Addr<SessionActor>,
     last_used: Instant,
@@ -29,6 +44,8 @@ pub struct SessionRegistry {
     ttl: Duration,
     /// Where sessions are written after each turn and read back from when not in memory.
     store: Option<Arc<SessionStore>>,
+    /// The drafters keeping K/V per session (MTP heads, draft model): told when one goes.
+    drafters: Vec<Recipient<SessionLeftMemory>>,
 }
 
 impl SessionRegistry {
@@ -39,7 +56,24 @@ impl SessionRegistry {
             page_size,
             ttl,
             store: None,
+            drafters: Vec::new(),
         }
+    }
+
+    /// Tells `drafters` when a session leaves memory, so its drafter K/V goes too.
+    pub fn with_drafters(mut self, drafters: Vec<Recipient<SessionLeftMemory>>) -> Self {
+        self.drafters = drafters;
+        self
+    }
+
+    /// Forgets `key`: the map entry and its drafters' K/V.
+    fn remove(&mut self, key: &SessionKey) -> bool {
+        for d in &self.drafters {
+            d.do_send(SessionLeftMemory {
+                draft_key: key.draft_key(),
+            });
+        }
+        self.sessions.remove(key).is_some()
     }
 
     /// Sessions kept in `store` too: an expired or evicted session, or one from before a
@@ -67,7 +101,7 @@ impl SessionRegistry {
             .into_actor(self)
             .map(move |expired, act, _| {
                 if expired.unwrap_or(true) {
-                    act.sessions.remove(&key);
+                    act.remove(&key);
                 }
             })
             .wait(ctx);
@@ -147,7 +181,7 @@ impl Handler<EvictLeastRecentlyUsed> for SessionRegistry {
         };
         AtomicResponse::new(Box::pin(first_expired.into_actor(self).map(
             |expired, act, _| match expired {
-                Some(key) => act.sessions.remove(&key).is_some(),
+                Some(key) => act.remove(&key),
                 None => false,
             },
         )))
@@ -175,7 +209,7 @@ impl Handler<ExpireAll> for SessionRegistry {
         Box::pin(expiries.into_actor(self).map(|results, act, _| {
             for (key, expired) in results {
                 if expired {
-                    act.sessions.remove(&key);
+                    act.remove(&key);
                 }
             }
         }))

@@ -181,6 +181,12 @@ impl<X: Default> DrafterCache<X> {
         self.seqs.insert(key.clone(), entry);
     }
 
+    /// Whether `key` has no turn in progress (a session expires only when idle, but a new
+    /// turn of it may have begun since).
+    pub fn is_idle(&self, key: &DraftKey) -> bool {
+        self.seqs.get(key).is_none_or(|s| s.sampler.is_none())
+    }
+
     /// Drops the K/V of every key with no turn in progress.
     pub fn clear_idle(&mut self) {
         let idle: Vec<DraftKey> = self
@@ -346,6 +352,21 @@ macro_rules! drafter_cache_handlers {
                 _: &mut actix::SyncContext<Self>,
             ) {
                 self.cache.end(&msg.key, msg.keep);
+            }
+        }
+
+        /// A session gone from memory takes its drafter K/V along.
+        impl actix::Handler<$crate::session::SessionLeftMemory> for $worker {
+            type Result = ();
+            fn handle(
+                &mut self,
+                msg: $crate::session::SessionLeftMemory,
+                _: &mut actix::SyncContext<Self>,
+            ) {
+                let key = msg.draft_key.into();
+                if self.cache.is_idle(&key) {
+                    self.cache.remove(&key);
+                }
             }
         }
 
