@@ -11,7 +11,8 @@
 #   5b. the matmul kernel tests cross-compiled for aarch64 and run under qemu-aarch64, so the
 #      NEON kernels are checked against scalar too (apt-get install gcc-aarch64-linux-gnu
 #      libc6-dev-arm64-cross qemu-user, rustup target add aarch64-unknown-linux-gnu);
-#   6. the openai, ollama and anthropic client suites (tests/python), real coding agents (tests/agents:
+#   6. the openai, ollama and anthropic client suites and replicas behind vllm-router and nginx
+#      (tests/python; apt-get install nginx-light), real coding agents (tests/agents:
 #      Codex CLI, Pi, opencode, Claude Code from npm) and the playground in headless Chromium
 #      (apt-get install chromium, npm ci in tests/browser: playwright-core).
 set -euo pipefail
@@ -28,6 +29,19 @@ CI_MODELS=(smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 fail() { printf 'tests/run.sh: error: %s\n' "$*" >&2; exit 1; }
+# Installs Debian packages, as root or through passwordless sudo; otherwise says what is missing.
+apt_install() {
+    local as_root=()
+    if [ "$(id -u)" != 0 ]; then
+        { command -v sudo >/dev/null && sudo -n true 2>/dev/null; } \
+            || fail "$* not installed, and this user cannot install them (on Debian: sudo apt-get install $*)"
+        as_root=(sudo)
+    fi
+    command -v apt-get >/dev/null || fail "apt-get not found: install $* (or your distribution's equivalents)"
+    "${as_root[@]}" apt-get update -qq \
+        && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" \
+        || fail "apt-get install $* failed"
+}
 
 command -v python3 >/dev/null || fail "python3 not found (needed for the numpy reference and by mtpx pull)"
 command -v cargo >/dev/null || fail "cargo not found (install a Rust toolchain)"
@@ -130,17 +144,7 @@ AARCH64_SYSROOT=/usr/aarch64-linux-gnu
 AARCH64_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
 if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null \
     || [ ! -e "$AARCH64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
-    if [ "$(id -u)" = 0 ]; then
-        as_root=()
-    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        as_root=(sudo)
-    else
-        fail "the aarch64 cross linker or qemu-aarch64 is missing and this user cannot install them (on Debian: sudo apt-get install ${AARCH64_PACKAGES[*]})"
-    fi
-    command -v apt-get >/dev/null || fail "apt-get not found: install ${AARCH64_PACKAGES[*]} (or your distribution's equivalents)"
-    "${as_root[@]}" apt-get update -qq \
-        && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${AARCH64_PACKAGES[@]}" \
-        || fail "apt-get install ${AARCH64_PACKAGES[*]} failed"
+    apt_install "${AARCH64_PACKAGES[@]}"
 fi
 # Without rustup, the standard library for aarch64 must come from elsewhere; cargo says so if not.
 if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$AARCH64"; then
@@ -168,6 +172,9 @@ fi
 ) || fail "the NEON kernel tests under qemu-aarch64 failed"
 
 step "The openai, ollama and anthropic packages against mtpx serve (tests/python)"
+# nginx for the replica tests (deploy/nginx/mtpx.conf in front of three replicas).
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx-light
+export PATH="$PATH:/usr/sbin"
 MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q tests/python
 
 step "Real coding agents against mtpx serve on the 1.5B (tests/agents: Codex CLI, Pi, opencode, Claude Code)"
@@ -182,14 +189,7 @@ fi
 MTPX_BIN="$ROOT/target/release/mtpx" .venv/bin/python -m pytest -p no:cacheprovider -q -s tests/agents
 
 step "Playground in headless Chromium (tests/browser)"
-if ! command -v chromium >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
-            || fail "apt-get install chromium failed"
-    else
-        fail "chromium not found (on Debian: sudo apt-get install chromium)"
-    fi
-fi
+command -v chromium >/dev/null || apt_install chromium
 command -v node >/dev/null || fail "node not found (needed for the playground test)"
 if [ ! -d tests/browser/node_modules/playwright-core ]; then
     (cd tests/browser && npm ci --no-audit --no-fund) || fail "npm ci in tests/browser failed"

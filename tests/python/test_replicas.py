@@ -95,10 +95,16 @@ class Replicas:
         assert url == self.urls[i]
 
     def stop(self):
+        """SIGTERM to each (each must exit 0), every one stopped even when one fails."""
+        failed = []
         for i, proc in enumerate(self.procs):
             if proc.poll() is None:
-                stop_server(proc, self.log(i))
+                try:
+                    stop_server(proc, self.log(i))
+                except AssertionError as e:
+                    failed.append(e)
         shutil.rmtree(self.sessions, ignore_errors=True)
+        assert not failed, failed
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +231,12 @@ def test_vllm_router_sticks_agent_sessions_and_streams_through(replicas, router)
     sessions = {f"agent-{i}": chat_turns(client, replicas.urls, f"agent-{i}", 4) for i in range(12)}
     assert_sticky_and_cached(sessions, len(replicas.urls))
 
-    # A stream arrives while it is being generated: after its first token the replica is
-    # still running it.
+    assert_streams_as_generated(client, replicas.urls)
+
+
+def assert_streams_as_generated(client: OpenAI, urls):
+    """A stream arrives while it is being generated: after its first token the replica is
+    still running it (a proxy that buffered would deliver it only at the end)."""
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "write at length"}], max_tokens=3000,
         temperature=0, logit_bias=BAN_SPECIALS, stream=True,
@@ -234,7 +244,7 @@ def test_vllm_router_sticks_agent_sessions_and_streams_through(replicas, router)
     )
     chunks = iter(stream)
     first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
-    running = sum(metric(u, "mtpx_sequences_running") for u in replicas.urls)
+    running = sum(metric(u, "mtpx_sequences_running") for u in urls)
     rest = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
     assert first and running == 1, "the first token came through before the reply was done"
     assert rest > 100
@@ -309,6 +319,7 @@ def test_nginx_config_sticks_sessions_and_passes_websockets_and_messages(keyed_r
         client = OpenAI(base_url=f"{nginx.url}/v1", api_key=KEY, max_retries=0)
         sessions = {f"n-{i}": chat_turns(client, keyed_replicas.urls, f"n-{i}", 3) for i in range(9)}
         assert_sticky_and_cached(sessions, len(keyed_replicas.urls))
+        assert_streams_as_generated(client, keyed_replicas.urls)
         # The key is checked by the replica: nginx passes Authorization through.
         bad = OpenAI(base_url=f"{nginx.url}/v1", api_key="wrong", max_retries=0)
         with pytest.raises(Exception) as refused:
@@ -575,3 +586,80 @@ def test_soak_through_the_router(test_model, tmp_path):
     finally:
         router.stop()
         reps.stop()
+
+
+def test_the_kubernetes_example_validates_and_routes_to_every_replica():
+    """deploy/kubernetes/mtpx.yaml against the Kubernetes schemas (offline, strict: unknown
+    fields fail), and its router lists exactly the StatefulSet's replicas."""
+    import yaml
+
+    path = ROOT / "deploy" / "kubernetes" / "mtpx.yaml"
+    validate = Path(sys.executable).parent / "kubernetes-validate"
+    checked = subprocess.run([str(validate), "--strict", "--quiet", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0 and "ERROR" not in checked.stdout + checked.stderr, checked
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(path.read_text())}
+    replicas = docs[("StatefulSet", "mtpx")]["spec"]["replicas"]
+    args = docs[("Deployment", "mtpx-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    workers = [a for a in args if a.startswith("http://")]
+    assert workers == [f"http://mtpx-{i}.mtpx:8000" for i in range(replicas)]
+    # The replicas share the sessions volume, read-write-many.
+    claim = docs[("PersistentVolumeClaim", "mtpx-sessions")]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_a_rolling_restart_behind_nginx_loses_no_request(test_model, tmp_path):
+    """Clients keep sending turns through nginx while each replica in turn gets SIGTERM
+    (drains: running turns finish, sessions are written), exits 0 and starts again: not one
+    request fails, and every session goes on with its K/V (from memory or the shared
+    directory)."""
+    reps = Replicas(test_model, tmp_path, 3)
+    nginx = Nginx(reps.urls, tmp_path / "nginx")
+    results, errors = [], []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client_loop(session):
+        try:
+            client = OpenAI(base_url=f"{nginx.url}/v1", api_key="unused", max_retries=0, timeout=60)
+            messages = [{"role": "user", "content": f"{session} " + "reads a file " * 40}]
+            while not stop.is_set():
+                try:
+                    r = client.chat.completions.create(
+                        model=MODEL, messages=messages[:1] + messages[-16:], max_tokens=6,
+                        temperature=0, logit_bias=BAN_SPECIALS, extra_headers={"X-Session-Id": session},
+                    )
+                    messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                                 {"role": "user", "content": "next"}]
+                    with lock:
+                        results.append((session, None, r.usage.prompt_tokens_details.cached_tokens))
+                except Exception as e:  # what this test counts
+                    with lock:
+                        results.append((session, repr(e), 0))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=client_loop, args=(f"rolling-{i}",)) for i in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for i in range(len(reps.urls)):
+            wait_until("traffic", lambda: len(results) > 30 * (i + 1))
+            stop_server(reps.procs[i], reps.log(i))  # SIGTERM; asserts exit status 0
+            reps.restart(i)
+        wait_until("traffic after the last restart", lambda: len(results) > 30 * (len(reps.urls) + 1))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        nginx.stop()
+        reps.stop()
+    assert not errors, errors
+    failed = [r for r in results if r[1]]
+    assert not failed, f"{len(failed)} of {len(results)} requests failed: {failed[:3]}"
+    # Every turn after a session's first reused K/V (each session's first request is the only
+    # one with nothing to reuse).
+    first_seen = set()
+    for session, _, cached in results:
+        if session in first_seen:
+            assert cached > 0, f"{session} recomputed its prompt"
+        first_seen.add(session)

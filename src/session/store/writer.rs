@@ -219,14 +219,16 @@ fn inventory(dir: &Path) -> Vec<StoredFile> {
     files
 }
 
-/// Evicts the oldest files until the directory fits `budget` (never `keep`, the file just
-/// written), and publishes what is on disk; returns its bytes.
+/// Over `budget`, evicts the oldest files (never `keep`, the file just written) down to 90% of
+/// it, so that a full store lists its directory once per tenth of its budget written, not on
+/// every write; publishes what is on disk and returns its bytes.
 fn enforce_budget(store: &SessionStore, budget: u64, keep: Option<&Path>) -> u64 {
     let files = inventory(store.dir());
     let mut total: u64 = files.iter().map(|f| f.bytes).sum();
     let mut sessions = files.iter().filter(|f| f.is_session).count() as u64;
+    let (over, low_water) = (total > budget, budget - budget / 10);
     for f in &files {
-        if total <= budget {
+        if !over || total <= low_water {
             break;
         }
         if Some(f.path.as_path()) == keep {
