@@ -202,6 +202,10 @@ fn inventory(dir: &Path) -> Vec<StoredFile> {
         for e in entries.flatten() {
             let path = e.path();
             let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
+            if ext.starts_with("tmp") {
+                remove_if_stale(&path);
+                continue;
+            }
             if ext != "kv" && ext != "json" {
                 continue;
             }
@@ -217,6 +221,20 @@ fn inventory(dir: &Path) -> Vec<StoredFile> {
     }
     files.sort_by_key(|f| f.modified);
     files
+}
+
+/// A temporary file (`write_atomically`) untouched for this long was left by a writer that
+/// died between writing and renaming it (any replica sharing the directory): it is removed.
+const STALE_TEMPORARY: Duration = Duration::from_secs(3600);
+
+fn remove_if_stale(path: &Path) {
+    let age = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok());
+    if age.is_some_and(|a| a >= STALE_TEMPORARY) && std::fs::remove_file(path).is_ok() {
+        tracing::info!(path = %path.display(), "session store: removed a stale temporary file");
+    }
 }
 
 /// Over `budget`, evicts the oldest files (never `keep`, the file just written) down to 90% of
@@ -252,5 +270,33 @@ fn yield_to_requests() {
     // SAFETY: setpriority on this thread's id changes only this thread's scheduling priority.
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_removes_only_stale_temporaries_and_lists_stored_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("0123456789abcdef");
+        std::fs::create_dir_all(&sub).unwrap();
+        let write = |name: &str, age: Duration| {
+            let path = sub.join(name);
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_modified(SystemTime::now() - age).unwrap();
+            path
+        };
+        let stale = write("a.kv.tmp4242", STALE_TEMPORARY + Duration::from_secs(60));
+        let fresh = write("b.kv.tmp4243", Duration::from_secs(5));
+        let stored = write("c.kv", STALE_TEMPORARY * 2);
+        let listed: Vec<PathBuf> = inventory(dir.path()).into_iter().map(|f| f.path).collect();
+        assert_eq!(listed, [stored]);
+        assert!(
+            !stale.exists(),
+            "a temporary file left for an hour is removed"
+        );
+        assert!(fresh.exists(), "one being written now is not");
     }
 }
