@@ -9,6 +9,7 @@ through nginx, and a replica killed under load costs its sessions at most one fa
 before they continue on the survivors from the shared directory.
 """
 
+import json
 import os
 import re
 import shutil
@@ -138,8 +139,6 @@ class Router:
         if self.proc.poll() is not None:
             raise AssertionError(f"vllm-router exited:\n{self.log.read_text()}")
         try:
-            import json
-
             workers = json.loads(get(f"{self.url}/workers"))["workers"]
         except (urllib.error.URLError, ConnectionError, OSError, KeyError, ValueError):
             return set()
@@ -310,7 +309,6 @@ def keyed_replicas(test_model, tmp_path_factory):
 
 def test_nginx_config_sticks_sessions_and_passes_websockets_and_messages(keyed_replicas, tmp_path):
     import asyncio
-    import json
 
     import websockets
 
@@ -482,7 +480,6 @@ def test_soak_through_the_router(test_model, tmp_path):
     20-minute run): chat sessions, Responses chains, tool rounds, and streams the client drops
     part way. No request that fits fails; once idle and past the session TTL every replica
     holds no page; each replica's RSS ends within 10% of what it was after warm-up."""
-    import json
     import random
 
     # A pool small enough that warm-up touches all of it: RSS then measures what else grows.
